@@ -1,0 +1,160 @@
+"""Blended prefill: the one place that knows the order of the algorithm.
+
+For a prompt whose tokens are partly covered by cached chunk KV (keys stored before RoPE):
+
+1. Layers before the first check layer run a full prefill over every token.
+2. At each check layer, fresh K/V are computed for the tokens still active; the selector keeps
+   the ``ratio`` share of reused tokens whose KV deviates most; every uncached token, and the
+   last token (whose logits we need), stays active regardless.
+3. From there on only active rows are computed. Their fresh K/V overwrite the cached rows, all
+   other rows keep the cached K/V rotated to their final positions, and attention for the
+   active rows runs over the merged K/V with an exact causal mask by position.
+
+With ratio 1.0 every token stays active and the result is a full prefill; with ratio 0.0 only
+uncached tokens are recomputed (full reuse).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .models import ModelAdapter
+from .rope import apply_rope
+from .selection import Candidates, Selector
+
+
+@dataclass
+class BlendInput:
+    """A prompt ready to blend.
+
+    ids: [N] token ids. reused: [N] bool, True where ``cached`` holds the token's KV.
+    cached: [layers, 2, kv_heads, N, head_dim] K (before RoPE) and V, in the store's dtype (each
+        layer is cast to the compute dtype when used); rows of uncached tokens are ignored. None
+        when nothing is reused.
+    chunk_offsets: [N] index of each token inside its chunk (0 for uncached tokens).
+    """
+
+    ids: torch.Tensor
+    reused: torch.Tensor
+    cached: torch.Tensor | None
+    chunk_offsets: torch.Tensor
+
+
+@dataclass
+class BlendOutput:
+    """kv: per layer (K after RoPE [1,Hkv,N,d], V [1,Hkv,N,d]); logits: [vocab] of the last token;
+    recomputed: tokens computed through the last layer; active_per_layer: rows computed per layer."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    logits: torch.Tensor
+    recomputed: int
+    active_per_layer: list[int]
+
+
+def budget_for(ratio: float, num_reused: int) -> int:
+    """Reused tokens to keep recomputing at ``ratio``: round half up, never more than exist."""
+    return min(num_reused, int(ratio * num_reused + 0.5))
+
+
+@torch.inference_mode()
+def blend_prefill(
+    model: ModelAdapter,
+    inp: BlendInput,
+    selector: Selector,
+    schedule: dict[int, float],
+) -> BlendOutput:
+    """Runs the blended prefill. ``schedule`` maps check layer -> ratio of reused tokens kept."""
+    n = inp.ids.shape[0]
+    pos = torch.arange(n, device=inp.ids.device)  # [N]
+    cos, sin = model.rope(pos)  # [N, d]
+    rows = pos  # active rows, always sorted
+    num_reused = int(inp.reused.sum())
+    keep_always = ~inp.reused
+    keep_always[-1] = True  # the last token's logits start decoding
+    if inp.cached is None or num_reused == 0:
+        schedule = {}
+    first_check = min(schedule, default=model.num_layers)
+
+    h = model.embed(inp.ids[None])  # [1, n, hidden]
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    active_per_layer = []
+    for layer in range(model.num_layers):
+        q, k, v = model.qkv(layer, h)  # q [1,H,n,d]; k, v [1,Hkv,n,d] before RoPE
+        cached = inp.cached[layer].to(k.dtype) if layer >= first_check else None  # [2,Hkv,N,d]
+        if layer in schedule:
+            budget = budget_for(schedule[layer], num_reused)
+            pick = _select(inp, cached, rows, k[0], v[0], layer, selector, budget, keep_always)
+            rows, h, q, k, v = rows[pick], h[:, pick], q[:, :, pick], k[:, :, pick], v[:, :, pick]
+        q = apply_rope(q, cos[rows], sin[rows])
+        k = apply_rope(k, cos[rows], sin[rows])
+        if cached is None:
+            keys, values = k, v  # full prefill: every row is fresh
+        else:
+            keys = apply_rope(cached[0], cos, sin)[None]  # [1,Hkv,N,d] realigned to final positions
+            values = cached[1][None].clone()  # [1,Hkv,N,d]
+            keys[:, :, rows] = k
+            values[:, :, rows] = v
+        attn = model.attend(layer, q, keys, values, rows, pos)  # [1, n, H*d]
+        h = model.finish(layer, h, attn)
+        kv.append((keys, values))
+        active_per_layer.append(rows.shape[0])
+    logits = model.logits(h[0, -1])  # rows[-1] == N-1, kept always
+    return BlendOutput(kv=kv, logits=logits, recomputed=rows.shape[0], active_per_layer=active_per_layer)
+
+
+def _select(
+    inp: BlendInput,
+    cached: torch.Tensor,
+    rows: torch.Tensor,
+    fresh_k: torch.Tensor,
+    fresh_v: torch.Tensor,
+    layer: int,
+    selector: Selector,
+    budget: int,
+    keep_always: torch.Tensor,
+) -> torch.Tensor:
+    """Indices into ``rows`` to keep: every always-kept row plus the selector's pick (sorted)."""
+    always = keep_always[rows]  # [n] bool
+    cand = (~always).nonzero().squeeze(1)  # indices into rows of reusable candidates
+    tokens = rows[cand]
+    chosen = selector(
+        Candidates(
+            layer=layer,
+            fresh_k=fresh_k[:, cand],
+            fresh_v=fresh_v[:, cand],
+            cached_k=cached[0][:, tokens],
+            cached_v=cached[1][:, tokens],
+            positions=tokens,
+            chunk_offsets=inp.chunk_offsets[tokens],
+        ),
+        budget,
+    )
+    keep = always.clone()
+    keep[cand[chosen]] = True
+    return keep.nonzero().squeeze(1)
+
+
+@torch.inference_mode()
+def encode_chunks(
+    model: ModelAdapter, ids: torch.Tensor, valid: torch.Tensor, lead: int
+) -> torch.Tensor:
+    """Computes the KV of a batch of chunks, each behind the same ``lead`` context tokens.
+
+    ids: [B, T] (lead tokens, then the chunk, right-padded); valid: [B, T] bool (False on padding).
+    Returns [B, layers, 2, kv_heads, T - lead, head_dim]: K before RoPE, and V, of the chunk rows.
+    """
+    t = ids.shape[1]
+    pos = torch.arange(t, device=ids.device)
+    cos, sin = model.rope(pos)
+    key_valid = None if bool(valid.all()) else valid
+    h = model.embed(ids)
+    out = []
+    for layer in range(model.num_layers):
+        q, k, v = model.qkv(layer, h)
+        out.append(torch.stack([k[:, :, lead:], v[:, :, lead:]], dim=1))  # [B, 2, Hkv, T-lead, d]
+        if layer + 1 < model.num_layers:  # the last layer's output is not needed
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            h = model.finish(layer, h, model.attend(layer, q, k, v, pos, pos, key_valid))
+    return torch.stack(out, dim=1)

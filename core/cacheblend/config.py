@@ -1,0 +1,98 @@
+"""BlendConfig: the one validated, frozen knob surface of the blending engine.
+
+Every number here was chosen by measurement on the bundled model; docs/TUNING.md has the
+tables and the commands that made them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+SELECTORS = ("deviation", "random", "chunk_start", "none", "all")
+MEASURES = ("k", "v", "kv")
+CHUNK_CONTEXTS = ("none", "bos", "system")
+KV_DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """How the engine blends cached chunk KV into a prompt.
+
+    Attributes:
+        check_layers: layers at which reused tokens are re-ranked by KV deviation. Layers before the
+            first check layer run a full prefill; several layers with shrinking ``ratios`` give the
+            paper's "gradual filtering".
+        ratios: fraction of reused tokens still recomputed after each check layer (non-increasing).
+            The last entry is the recompute ratio: 1.0 reproduces full prefill, 0.0 is full reuse.
+        selector: which tokens to recompute: ``deviation`` (CacheBlend), ``random`` (ablation),
+            ``chunk_start`` (EPIC-style, the first tokens of each chunk), ``none`` or ``all``.
+        measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
+        chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
+            starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
+            template's system header). It is part of every chunk key.
+        kv_dtype: dtype of stored chunk KV (memory and disk).
+        seed: seed of the random selector.
+    """
+
+    check_layers: tuple[int, ...] = (1,)
+    ratios: tuple[float, ...] = (0.15,)
+    selector: str = "deviation"
+    measure: str = "v"
+    chunk_context: str = "system"
+    kv_dtype: str = "float16"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))
+        object.__setattr__(self, "ratios", tuple(float(x) for x in self.ratios))
+        if not self.check_layers:
+            raise ValueError("check_layers must name at least one layer")
+        if len(self.check_layers) != len(self.ratios):
+            raise ValueError(
+                f"check_layers {self.check_layers} and ratios {self.ratios} must have the same length"
+            )
+        if any(b <= a for a, b in zip(self.check_layers, self.check_layers[1:])) or min(self.check_layers) < 0:
+            raise ValueError(f"check_layers must be non-negative and increasing, got {self.check_layers}")
+        for r in self.ratios:
+            _check_ratio(r)
+        if any(b > a for a, b in zip(self.ratios, self.ratios[1:])):
+            raise ValueError(f"ratios must not increase from one check layer to the next, got {self.ratios}")
+        _check_choice("selector", self.selector, SELECTORS)
+        _check_choice("measure", self.measure, MEASURES)
+        _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
+        _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
+
+    @property
+    def recompute_ratio(self) -> float:
+        """The fraction of reused tokens recomputed through the last layers."""
+        return self.ratios[-1]
+
+    def schedule(self) -> dict[int, float]:
+        """Check layer -> ratio. An all-zero schedule is full reuse from layer 0 (no prelude)."""
+        if not any(self.ratios) or self.selector == "none":
+            return {0: 0.0}
+        return dict(zip(self.check_layers, self.ratios))
+
+    def with_ratio(self, ratio: float) -> BlendConfig:
+        """This config with its final recompute ratio set to ``ratio``.
+
+        A gradual schedule keeps its shape: every ratio is scaled by ``ratio / recompute_ratio``
+        (capped at 1). From a schedule ending in 0, the earlier ratios are kept at least ``ratio``.
+        """
+        _check_ratio(ratio)
+        last = self.recompute_ratio
+        if last > 0:
+            ratios = tuple(min(1.0, r * ratio / last) for r in self.ratios)
+        else:
+            ratios = tuple(max(r, ratio) for r in self.ratios)
+        return replace(self, ratios=ratios[:-1] + (ratio,))
+
+
+def _check_ratio(ratio: float) -> None:
+    if not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) <= 1.0 or ratio != ratio:
+        raise ValueError(f"a recompute ratio must be a number in [0, 1], got {ratio!r}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

@@ -1,0 +1,453 @@
+"""BlendEngine: the facade. Warm chunks, then prefill and generate with their KV blended in.
+
+    engine = BlendEngine.from_pretrained("smollm2-135m-instruct")
+    engine.warm(passages, store_dir="index/cacheblend")
+    out = engine.generate(chunks=passages[:3], query="Who ...?")
+    out = engine.generate(prompt=any_prompt_that_contains_warmed_passages)
+
+The algorithm's order lives in ``blend.py``; this module wires tokenization, stores, selection
+and decoding around it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import bundled
+from .assemble import Assembled, assemble
+from .blend import BlendOutput, blend_prefill, encode_chunks
+from .config import BlendConfig
+from .decode import Sampling, TextTracker, decode_tokens
+from .finder import ChunkFinder
+from .keys import ChunkKey, chunk_key, model_fingerprint
+from .models import ModelAdapter, adapt, load_model
+from .prompt import (
+    Segment,
+    bos_to_add,
+    chat_lead,
+    clean_chunk,
+    has_chat_template,
+    render_chat,
+    request_segments,
+    segments_from_prompt,
+    tokenize,
+)
+from .result import BlendStats, Generation
+from .selection import Selector, make_selector
+from .store import ChunkKV, DiskStore, MemoryStore, StoreChain
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Prefilled:
+    """A prompt after (blended) prefill: per-layer KV, last-token logits, ids and stats."""
+
+    adapter: ModelAdapter
+    ids: torch.Tensor
+    output: BlendOutput
+    stats: BlendStats
+
+    def cache(self) -> Any:
+        """A fresh transformers cache holding the prompt's KV (safe to extend)."""
+        return self.adapter.make_cache([(k.clone(), v.clone()) for k, v in self.output.kv])
+
+    @torch.inference_mode()
+    def continuation_logits(self, continuation: Sequence[int]) -> torch.Tensor:
+        """Next-token logits [1 + len(continuation), vocab] fp32: after the prompt, then after each
+        continuation token (teacher forcing). Used to compare blends with full prefill."""
+        rows = [self.output.logits]
+        if continuation:
+            ids = torch.tensor([list(continuation)], device=self.ids.device)
+            pos = torch.arange(len(self.ids), len(self.ids) + ids.shape[1], device=ids.device)[None]
+            out = self.adapter.model(input_ids=ids, cache=self.cache(), position_ids=pos, use_cache=True)
+            rows.extend(out.logits[0].float())
+        return torch.stack(rows[: len(continuation) + 1])
+
+
+class BlendEngine:
+    """One model, its chunk KV stores, and blended generation over them."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        config: BlendConfig | None = None,
+        selector: Selector | None = None,
+        memory_bytes: int = 2 << 30,
+        name: str | None = None,
+    ) -> None:
+        self.config = config or BlendConfig()
+        self.adapter = adapt(model)
+        self.tokenizer = tokenizer
+        self.name = name or str(getattr(model.config, "_name_or_path", "") or model.config.model_type)
+        _check_layers(self.config, self.adapter.num_layers)
+        self.selector = selector
+        self.lead_ids = self._chunk_context_ids()
+        self.bos_ids = bos_to_add(tokenizer)
+        self.fingerprint = model_fingerprint(
+            model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.lead_ids
+        )
+        self.stores = StoreChain(MemoryStore(memory_bytes))
+        self.finder = ChunkFinder()
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str = bundled.ALIAS,
+        *,
+        device: str = "auto",
+        dtype: str | torch.dtype | None = None,
+        config: BlendConfig | None = None,
+        store_dir: str | Path | None = None,
+        memory_bytes: int = 2 << 30,
+    ) -> BlendEngine:
+        """Loads a HF model id or folder, a ``.gguf`` file, or the bundled alias ``smollm2-135m-instruct``.
+
+        device: ``cpu``, ``cuda`` (``cuda:N``) or ``auto``; dtype: None picks fp32 on CPU and
+        bf16 on CUDA. ``store_dir`` attaches a disk KV store (created on first write).
+        """
+        dev = _resolve_device(device)
+        torch_dtype = _resolve_dtype(dtype, dev)
+        if model == bundled.ALIAS:
+            hf_model, tok = load_model(str(bundled.converted_dir()), device=dev, dtype=torch_dtype)
+        elif str(model).endswith(".gguf"):
+            path = Path(model)
+            hf_model, tok = load_model(str(path.parent), device=dev, dtype=torch_dtype, gguf_file=path.name)
+        else:
+            hf_model, tok = load_model(str(model), device=dev, dtype=torch_dtype)
+        engine = cls(hf_model, tok, config=config, memory_bytes=memory_bytes, name=str(model))
+        if store_dir is not None:
+            engine.attach_store(store_dir)
+        return engine
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def context_window(self) -> int:
+        return self.adapter.max_positions
+
+    @property
+    def is_chat_model(self) -> bool:
+        return has_chat_template(self.tokenizer)
+
+    def count_tokens(self, text: str) -> int:
+        return len(tokenize(self.tokenizer, text))
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The model's chat template over role/content messages, ending with the assistant turn."""
+        return render_chat(self.tokenizer, messages)
+
+    # -- stores and warming ---------------------------------------------------------------------
+    def attach_store(self, store_dir: str | Path) -> DiskStore:
+        """Reads chunk KV from (and learns the chunk texts of) the disk store at ``store_dir``."""
+        with self._lock:
+            disk = self.stores.attach(DiskStore(store_dir, self.fingerprint))
+            self.finder.add(disk.texts())
+            return disk
+
+    def warm(
+        self,
+        texts: Iterable[str],
+        *,
+        store_dir: str | Path | None = None,
+        batch_size: int = 8,
+        progress: bool | None = None,
+    ) -> list[ChunkKey]:
+        """Computes and stores the KV of every text not stored yet; returns their keys in order.
+
+        Idempotent: a chunk found in memory or any attached store costs nothing (it is copied into
+        ``store_dir`` if that store lacks it). Every text is validated before any compute.
+        ``progress``: a progress bar (default: when 16 or more chunks need computing).
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        cleaned = [clean_chunk(t) for t in texts]
+        ids = [tokenize(self.tokenizer, t) for t in cleaned]
+        room = self.context_window - len(self.lead_ids)
+        for text, tok in zip(cleaned, ids):
+            if len(tok) > room:
+                raise ValueError(f"a chunk of {len(tok)} tokens exceeds the context window ({room}): {text[:60]!r}...")
+        keys = [chunk_key(self.fingerprint, tok) for tok in ids]
+        with self._lock:
+            disk = self.attach_store(store_dir) if store_dir is not None else None
+            todo = self._missing(keys, cleaned, ids, disk)
+            self._compute(todo, disk, batch_size, progress)
+            self.finder.add(cleaned)
+        return keys
+
+    def _missing(self, keys, texts, ids, disk: DiskStore | None) -> dict[str, tuple[str, list[int]]]:
+        todo: dict[str, tuple[str, list[int]]] = {}
+        for key, text, tok in zip(keys, texts, ids):
+            if key in todo or (disk is not None and key in disk):
+                continue
+            record = self.stores.get(key)
+            if record is None:
+                todo[key] = (text, tok)
+            elif disk is not None:
+                disk.put(record)
+        return todo
+
+    def _compute(self, todo: dict, disk: DiskStore | None, batch_size: int, progress: bool | None) -> None:
+        from tqdm.auto import tqdm
+
+        order = sorted(todo.items(), key=lambda kv: len(kv[1][1]))  # similar lengths pad less
+        show = progress if progress is not None else len(order) >= 16
+        kv_dtype = _DTYPES[self.config.kv_dtype]
+        with tqdm(total=len(order), desc="warming KV", unit="chunk", disable=not show) as bar:
+            for start in range(0, len(order), batch_size):
+                batch = order[start : start + batch_size]
+                kv = self._encode([tok for _, (_, tok) in batch])
+                for (key, (text, tok)), rows in zip(batch, kv):
+                    record = ChunkKV(key, rows[..., : len(tok), :].to("cpu", kv_dtype).contiguous(), text)
+                    self.stores.memory.put(record)
+                    if disk is not None:
+                        disk.put(record)
+                bar.update(len(batch))
+
+    def _encode(self, chunks: list[list[int]]) -> torch.Tensor:
+        """[B, layers, 2, kv_heads, T, head_dim] for right-padded chunks behind the lead tokens."""
+        width = len(self.lead_ids) + max(map(len, chunks))
+        dev = self.adapter.device
+        ids = torch.zeros((len(chunks), width), dtype=torch.long, device=dev)
+        valid = torch.zeros((len(chunks), width), dtype=torch.bool, device=dev)
+        for b, tok in enumerate(chunks):
+            row = self.lead_ids + tok
+            ids[b, : len(row)] = torch.tensor(row, device=dev)
+            valid[b, : len(row)] = True
+        return encode_chunks(self.adapter, ids, valid, len(self.lead_ids))
+
+    def _chunk_context_ids(self) -> list[int]:
+        mode = self.config.chunk_context
+        lead = chat_lead(self.tokenizer) if mode == "system" else None
+        if lead:
+            return tokenize(self.tokenizer, lead)
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        return [bos] if mode != "none" and bos is not None else []
+
+    # -- prefill and generation -----------------------------------------------------------------
+    def segments(
+        self,
+        prompt: str | None = None,
+        *,
+        chunks: Sequence[str] | None = None,
+        query: str | None = None,
+        prefix: str | None = None,
+    ) -> list[Segment]:
+        """The request as segments: a raw prompt searched for warmed chunks, or explicit chunks
+        wrapped by the chat template (chat models) around ``prefix`` and ``query``."""
+        if prompt is not None:
+            if chunks is not None or query is not None or prefix is not None:
+                raise ValueError("pass either prompt, or chunks with query (and optional prefix), not both")
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError("prompt must be a non-empty string")
+            with self._lock:
+                return segments_from_prompt(prompt, self.finder)
+        if chunks is None or query is None:
+            raise ValueError("pass a prompt, or chunks and a query")
+        if not chunks:
+            raise ValueError("chunks is empty; pass at least one chunk, or use prompt= for a plain prompt")
+        cleaned = [clean_chunk(c) for c in chunks]
+        return request_segments(self.tokenizer, cleaned, query, prefix, self.is_chat_model)
+
+    def prefill(
+        self,
+        prompt: str | None = None,
+        *,
+        chunks: Sequence[str] | None = None,
+        query: str | None = None,
+        prefix: str | None = None,
+        recompute_ratio: float | None = None,
+        config: BlendConfig | None = None,
+    ) -> Prefilled:
+        """Blended prefill of a request. ``recompute_ratio`` 1.0 is a full prefill (no cache read)."""
+        started = time.perf_counter()
+        segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
+        return self._prefill(segments, recompute_ratio, config, started)
+
+    def _prefill(self, segments, ratio, config, started) -> Prefilled:
+        cfg = config or self.config
+        _check_layers(cfg, self.adapter.num_layers)
+        cfg = cfg.with_ratio(ratio) if ratio is not None else cfg
+        full = cfg.recompute_ratio >= 1.0 or cfg.selector == "all"
+        with self._lock:
+            asm = assemble(
+                segments, self._tokenize, None if full else self._lookup, self.bos_ids, self.adapter.device
+            )
+        n = asm.input.ids.shape[0]
+        if n >= self.context_window:
+            raise ValueError(f"the prompt has {n} tokens; the model's context window is {self.context_window}")
+        selector = self.selector if self.selector is not None and config is None else make_selector(cfg)
+        t = time.perf_counter()
+        out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule())
+        stats = _stats(asm, out, cfg.recompute_ratio if not full else 1.0)
+        stats.prefill_s = time.perf_counter() - t
+        stats.ttft_s = time.perf_counter() - started
+        return Prefilled(self.adapter, asm.input.ids, out, stats)
+
+    def _tokenize(self, text: str) -> list[int]:
+        return tokenize(self.tokenizer, text)
+
+    def _lookup(self, ids: list[int]) -> ChunkKV | None:
+        return self.stores.get(chunk_key(self.fingerprint, ids))
+
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        chunks: Sequence[str] | None = None,
+        query: str | None = None,
+        prefix: str | None = None,
+        max_new_tokens: int = 256,
+        recompute_ratio: float | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> GenerationStream:
+        """Like ``generate`` but yields text as it is produced; ``.result`` holds the Generation.
+
+        Arguments are validated here; the prefill starts with the first ``next()``.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        sampling = Sampling(temperature, top_p, top_k, seed)
+        started = time.perf_counter()
+        segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
+        stops = [s for s in (stop or []) if s]
+        return GenerationStream(self, segments, recompute_ratio, sampling, max_new_tokens, stops, started)
+
+    def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
+        """Generates an answer. Takes ``prompt`` or ``chunks``/``query``/``prefix``, plus
+        ``max_new_tokens``, ``recompute_ratio``, ``temperature``, ``top_p``, ``top_k``, ``seed``
+        and ``stop`` (see ``stream``). Returns the text (never the prompt) and BlendStats."""
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        return stream.result
+
+
+class GenerationStream:
+    """An iterator of text pieces; after exhaustion ``result`` is the whole Generation."""
+
+    def __init__(self, engine, segments, ratio, sampling, max_new_tokens, stops, started) -> None:
+        self.result: Generation | None = None
+        self._it = self._run(engine, segments, ratio, sampling, max_new_tokens, stops, started)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._it
+
+    def __next__(self) -> str:
+        return next(self._it)
+
+    def _run(self, engine: BlendEngine, segments, ratio, sampling, max_new_tokens, stops, started):
+        pre = engine._prefill(segments, ratio, None, started)
+        stats, n = pre.stats, len(pre.ids)
+        limit = min(max_new_tokens, engine.context_window - n)
+        cache, tracker = pre.cache(), TextTracker(engine.tokenizer, stops)
+        position = n
+
+        def step(token: int) -> torch.Tensor:
+            nonlocal position
+            logits = engine.adapter.forward(torch.tensor([[token]], device=pre.ids.device), cache, position)
+            position += 1
+            return logits
+
+        stats.finish_reason = "length"
+        for i, token in enumerate(decode_tokens(step, pre.output.logits, sampling, limit)):
+            if i == 0:
+                stats.ttft_s = time.perf_counter() - started
+            if token in engine.eos_ids:
+                stats.finish_reason = "stop"
+                break
+            tracker.push(token)
+            if tracker.stopped:
+                stats.finish_reason = "stop"
+                break
+            piece = tracker.delta(final=False)
+            if piece:
+                yield piece
+        piece = tracker.delta(final=True)
+        if piece:
+            yield piece
+        stats.completion_tokens = len(tracker.ids)
+        stats.total_s = time.perf_counter() - started
+        self.result = Generation(tracker.text, stats, tracker.ids)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _stats(asm: Assembled, out: BlendOutput, ratio: float) -> BlendStats:
+    n = asm.input.ids.shape[0]
+    return BlendStats(
+        prompt_tokens=n,
+        reused_tokens=n - out.recomputed,
+        recomputed_tokens=out.recomputed,
+        cached_tokens=asm.cached_tokens,
+        chunk_hits=asm.hits,
+        chunk_misses=asm.misses,
+        recompute_ratio=ratio,
+        load_s=asm.load_s,
+    )
+
+
+def _check_layers(config: BlendConfig, num_layers: int) -> None:
+    if max(config.check_layers) >= num_layers:
+        raise ValueError(f"check layer {max(config.check_layers)} does not exist; the model has {num_layers} layers")
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        ids.update([value] if isinstance(value, int) else list(value or []))
+    return ids
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
+    if not (str(device) == "cpu" or str(device).startswith("cuda")):
+        raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
+    return str(device)
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} or 'auto', got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+_SHARED: dict[tuple, BlendEngine] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_engine(model: str = bundled.ALIAS, *, device: str = "auto", dtype: str | None = None) -> BlendEngine:
+    """The process-wide engine for (model, device, dtype), loaded on first use.
+
+    The LangChain and LlamaIndex classes build their engines through this, so every instance built
+    with the same model shares one set of weights and one memory store: a vector store that warms
+    chunks and a chat model that answers over them meet in the same engine.
+    """
+    key = (str(model), _resolve_device(device), str(dtype))
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = BlendEngine.from_pretrained(model, device=device, dtype=dtype)
+        return _SHARED[key]

@@ -1,0 +1,84 @@
+"""Content-addressed keys: the model fingerprint and chunk keys. Never Python ``hash()``.
+
+A chunk key is sha256 over (fingerprint, layout version, the chunk's token ids). The fingerprint
+covers everything that changes a chunk's KV: model config and weights, tokenizer, compute and KV
+dtypes, and the context tokens each chunk is computed behind. Keys are independent of where and
+in which order a chunk appears in a prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any, NewType
+
+import torch
+
+from .store import LAYOUT_VERSION
+
+Fingerprint = NewType("Fingerprint", str)
+ChunkKey = NewType("ChunkKey", str)
+
+_SAMPLES_PER_TENSOR = 4096
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's name, shape, dtype and an evenly strided sample of its values.
+
+    A sample keeps this well under a second for large models while still telling apart two
+    checkpoints of one architecture (fine-tunes change nearly every value).
+    """
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        flat = p.detach().reshape(-1)
+        step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
+        sample = flat[::step][:_SAMPLES_PER_TENSOR].float().cpu().contiguous()
+        h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|".encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """sha256 over the tokenizer's vocabulary and special tokens."""
+    h = hashlib.sha256()
+    vocab = sorted(tokenizer.get_vocab().items())
+    h.update(json.dumps(vocab, ensure_ascii=False).encode())
+    h.update(json.dumps(sorted(map(str, tokenizer.all_special_tokens))).encode())
+    return h.hexdigest()
+
+
+def model_fingerprint(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    *,
+    kv_dtype: str,
+    context_ids: Sequence[int],
+) -> Fingerprint:
+    """The fingerprint every chunk key of this model and setting is derived from."""
+    parts = {
+        "config": _stable_config(model.config),
+        "weights": weights_digest(model),
+        "tokenizer": tokenizer_digest(tokenizer),
+        "compute_dtype": str(next(model.parameters()).dtype),
+        "kv_dtype": kv_dtype,
+        "context": list(map(int, context_ids)),
+        "layout": LAYOUT_VERSION,
+    }
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return Fingerprint(hashlib.sha256(blob).hexdigest())
+
+
+def _stable_config(config: Any) -> dict:
+    """The config minus what varies with where or how the same weights were loaded."""
+    volatile = {"transformers_version", "dtype", "torch_dtype", "quantization_config", "architectures"}
+    return {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in volatile}
+
+
+def chunk_key(fingerprint: Fingerprint, ids: Sequence[int]) -> ChunkKey:
+    """sha256 over the fingerprint, the layout version and the chunk's token ids (int32 LE)."""
+    h = hashlib.sha256()
+    h.update(fingerprint.encode())
+    h.update(f"|layout={LAYOUT_VERSION}|".encode())
+    h.update(torch.tensor(list(ids), dtype=torch.int32).numpy().astype("<i4").tobytes())
+    return ChunkKey(h.hexdigest())

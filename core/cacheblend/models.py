@@ -1,0 +1,198 @@
+"""ModelAdapter: the only module that touches transformers internals.
+
+It exposes a decoder-only model as the pieces of its layer loop (embed, qkv before RoPE, RoPE
+tables, attention, the rest of the layer, logits) so that ``blend.py`` can run the loop over a
+subset of rows. transformers 5.x renamed ``past_key_values`` to ``cache`` and moved RoPE settings to
+``config.rope_parameters``; all of that is absorbed here.
+
+Tensor conventions: hidden states [B, n, hidden]; q [B, heads, n, head_dim]; k, v
+[B, kv_heads, n, head_dim]; positions are LongTensors of absolute token positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .rope import apply_rope
+
+SUPPORTED = {
+    "llama": "Llama 2/3 (incl. llama3 rope scaling), SmolLM2",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2 / Qwen2.5",
+    "qwen3": "Qwen3 (q/k norm)",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The model's architecture has no adapter."""
+
+
+class ModelAdapter:
+    """Layer-loop pieces of a Llama-family causal LM (``LlamaForCausalLM`` and look-alikes)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.config = model.config
+        self.body = model.model  # the decoder stack: embed_tokens, layers, norm, rotary_emb
+        self.layers = self.body.layers
+        attn = self.layers[0].self_attn
+        self.num_layers = len(self.layers)
+        self.head_dim = attn.head_dim
+        self.num_heads = self.config.num_attention_heads
+        self.num_kv_heads = self.config.num_key_value_heads
+        self.scaling = attn.scaling
+        self.max_positions = int(self.config.max_position_embeddings)
+        self._windows = [_layer_window(self.config, i) for i in range(self.num_layers)]
+
+    @property
+    def device(self) -> torch.device:
+        return self.body.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.body.embed_tokens.weight.dtype
+
+    # -- the layer loop, piece by piece ------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, n] -> hidden [B, n, hidden]."""
+        return self.body.embed_tokens(ids)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin tables [n, head_dim] at ``positions`` [n], from the model's own rotary embedding."""
+        probe = torch.empty(0, device=self.device, dtype=self.dtype)
+        cos, sin = self.body.rotary_emb(probe, positions[None])
+        return cos[0], sin[0]
+
+    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Input norm + projections. h [B, n, hidden] -> q [B,H,n,d], k [B,Hkv,n,d], v [B,Hkv,n,d].
+
+        Keys and queries are returned *before* RoPE (after q/k norm where the family has one).
+        """
+        attn = self.layers[layer].self_attn
+        x = self.layers[layer].input_layernorm(h)
+        shape = (*x.shape[:-1], -1, self.head_dim)
+        q = self._norm_q(attn, attn.q_proj(x).view(shape)).transpose(1, 2)
+        k = self._norm_k(attn, attn.k_proj(x).view(shape)).transpose(1, 2)
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        return q, k, v
+
+    def _norm_q(self, attn: Any, q: torch.Tensor) -> torch.Tensor:
+        return q
+
+    def _norm_k(self, attn: Any, k: torch.Tensor) -> torch.Tensor:
+        return k
+
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        key_valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention with an exact causal mask by position (and the layer's sliding window).
+
+        q [B,H,n,d] at q_pos [n] (already rotated); k, v [B,Hkv,N,d] at k_pos [N];
+        key_valid [B, N] marks real (non-padding) keys. Returns [B, n, H*d].
+        """
+        window = self._windows[layer]
+        if key_valid is None and window is None and q.shape[2] == k.shape[2]:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
+        else:
+            mask = k_pos[None, :] <= q_pos[:, None]  # [n, N]
+            if window is not None:
+                mask = mask & (k_pos[None, :] > q_pos[:, None] - window)
+            mask = mask[None, None]  # [1, 1, n, N]
+            if key_valid is not None:
+                mask = mask & key_valid[:, None, None, :]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    def finish(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """o_proj + residual, then the MLP block + residual. h [B,n,hidden] -> [B,n,hidden]."""
+        block = self.layers[layer]
+        h = h + block.self_attn.o_proj(attn_out)
+        return h + block.mlp(block.post_attention_layernorm(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head. h [..., hidden] -> [..., vocab] in fp32."""
+        return self.model.lm_head(self.body.norm(h)).float()
+
+    # -- decoding with the HF model -----------------------------------------------------------
+    def make_cache(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """A transformers cache holding per-layer (rotated K [1,Hkv,N,d], V [1,Hkv,N,d])."""
+        from transformers import DynamicCache
+
+        return DynamicCache(kv)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: Any, start: int) -> torch.Tensor:
+        """Runs ids [1, n] at positions start.. with the HF model; last-token logits [vocab] fp32."""
+        pos = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
+        out = self.model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+
+class Qwen3Adapter(ModelAdapter):
+    """Qwen3 adds an RMSNorm over head_dim to q and k before RoPE."""
+
+    def _norm_q(self, attn: Any, q: torch.Tensor) -> torch.Tensor:
+        return attn.q_norm(q)
+
+    def _norm_k(self, attn: Any, k: torch.Tensor) -> torch.Tensor:
+        return attn.k_norm(k)
+
+
+_ADAPTERS = {"llama": ModelAdapter, "mistral": ModelAdapter, "qwen2": ModelAdapter, "qwen3": Qwen3Adapter}
+
+
+def adapt(model: Any) -> ModelAdapter:
+    """The adapter for ``model``; a clear error for an architecture without one."""
+    model_type = getattr(model.config, "model_type", type(model).__name__)
+    if model_type not in _ADAPTERS:
+        names = "; ".join(f"{k} ({v})" for k, v in SUPPORTED.items())
+        raise UnsupportedModelError(f"model type {model_type!r} is not supported; cacheblend supports: {names}")
+    rope_type = (getattr(model.config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type == "dynamic":
+        raise UnsupportedModelError("dynamic NTK rope changes with the sequence length; cached keys cannot be reused")
+    return _ADAPTERS[model_type](model)
+
+
+def _layer_window(config: Any, layer: int) -> int | None:
+    """The sliding window of ``layer`` (None for full attention), as transformers applies it."""
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return int(window) if layer_types[layer] == "sliding_attention" else None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
+def load_model(source: str, *, device: str, dtype: torch.dtype | None, gguf_file: str | None = None) -> tuple[Any, Any]:
+    """Loads (model, tokenizer) from a HF id or folder (optionally a GGUF file inside it), offline-safe."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or torch.float32, **kwargs)
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def save_converted(model: Any, tokenizer: Any, target: str) -> None:
+    """Saves a GGUF-loaded model as safetensors (``save_pretrained`` refuses GGUF-quantized configs)."""
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = type(model)(config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(target)
+    tokenizer.save_pretrained(target)

@@ -1,0 +1,42 @@
+"""What a generation returns: the text and the blend statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class BlendStats:
+    """Timings in seconds; token counts are prompt tokens unless named otherwise.
+
+    reused_tokens: prompt tokens whose KV came from the cache and was not recomputed.
+    recomputed_tokens: prompt tokens computed through the last layer (every uncached token plus
+        the selected reused ones). reused + recomputed == prompt_tokens.
+    cached_tokens: prompt tokens covered by chunk hits (before selection).
+    load_s: time spent reading chunk KV from the stores (part of ttft_s).
+    ttft_s: from the call to the first generated token.
+    """
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    recomputed_tokens: int = 0
+    cached_tokens: int = 0
+    chunk_hits: int = 0
+    chunk_misses: int = 0
+    completion_tokens: int = 0
+    recompute_ratio: float = 1.0
+    load_s: float = 0.0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    finish_reason: str = "stop"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Generation:
+    text: str
+    stats: BlendStats
+    token_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,28 @@
+"""Rotary position embedding math. Pure functions, no model state.
+
+cacheblend stores keys *before* RoPE. Realigning a cached chunk to new positions is then just
+applying the model's own rotary embedding (its cos/sin tables, whatever the rope type: default,
+``llama3``, ``yarn``, ``linear``...) at the final positions, so every rope type is exact by
+construction. The alternative, storing rotated keys and rotating by a position delta, is only
+exact for plain RoPE and breaks under scaled rope types (the attention factor of YaRN is applied
+twice); the reference implementations refused those models for that reason.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Rotates half the last dimension: (x1, x2) -> (-x2, x1), the HF/Llama convention."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates ``x`` to the positions whose tables are ``cos``/``sin``.
+
+    x: [..., T, head_dim]; cos, sin: [T, head_dim] (broadcast over the leading dims).
+    The formula is the one transformers uses, so fp32 results match it bit for bit.
+    """
+    return (x * cos) + (rotate_half(x) * sin)

@@ -1,0 +1,114 @@
+"""Token selectors: which reused tokens get recomputed. Pure functions of their inputs.
+
+A selector sees, at a check layer, the candidate tokens (reused tokens still being recomputed)
+with their fresh and cached K/V, and returns the indices of the ``budget`` candidates to keep
+recomputing. ``blend.py`` decides the budget from the ratio schedule and always keeps every
+uncached token on top of what a selector returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .config import BlendConfig
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The reused tokens a selector chooses among, at one check layer.
+
+    fresh_k, cached_k: [kv_heads, n, head_dim], keys before RoPE (same positions, so comparable).
+    fresh_v, cached_v: [kv_heads, n, head_dim].
+    positions: [n] positions in the prompt; chunk_offsets: [n] index of each token in its chunk.
+    """
+
+    layer: int
+    fresh_k: torch.Tensor
+    fresh_v: torch.Tensor
+    cached_k: torch.Tensor
+    cached_v: torch.Tensor
+    positions: torch.Tensor
+    chunk_offsets: torch.Tensor
+
+
+class Selector(Protocol):
+    """Returns indices into the candidates (a LongTensor of at most ``budget`` entries)."""
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor: ...
+
+
+def _top(scores: torch.Tensor, budget: int) -> torch.Tensor:
+    budget = max(0, min(budget, scores.numel()))
+    return torch.topk(scores, budget, sorted=False).indices
+
+
+@dataclass(frozen=True)
+class DeviationSelector:
+    """CacheBlend: the tokens whose fresh K and/or V deviate most from the cached ones.
+
+    The score is the squared L2 distance summed over kv heads and head_dim, computed in fp32.
+    """
+
+    measure: str = "v"
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        score = torch.zeros(cand.positions.shape[0], dtype=torch.float32, device=cand.positions.device)
+        if "k" in self.measure:
+            score += (cand.fresh_k.float() - cand.cached_k.float()).pow(2).sum(dim=(0, 2))
+        if "v" in self.measure:
+            score += (cand.fresh_v.float() - cand.cached_v.float()).pow(2).sum(dim=(0, 2))
+        return _top(score, budget)
+
+
+@dataclass(frozen=True)
+class RandomSelector:
+    """The ablation: a uniformly random subset, reproducible from ``seed`` and the layer."""
+
+    seed: int = 0
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + cand.layer)
+        order = torch.randperm(cand.positions.shape[0], generator=gen)
+        return order[: max(0, budget)].to(cand.positions.device)
+
+
+@dataclass(frozen=True)
+class ChunkStartSelector:
+    """EPIC-style: the first tokens of every chunk (the attention-sink-like tokens), spread evenly."""
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        # Smaller offset first; ties broken by position so the choice is deterministic.
+        score = -(cand.chunk_offsets.double() + cand.positions.double() * 1e-9)
+        return _top(score, budget)
+
+
+@dataclass(frozen=True)
+class NoneSelector:
+    """Full reuse: recompute no reused token (only uncached ones)."""
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.long, device=cand.positions.device)
+
+
+@dataclass(frozen=True)
+class AllSelector:
+    """Full recompute: every token (equals a full prefill)."""
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        return torch.arange(cand.positions.shape[0], device=cand.positions.device)
+
+
+def make_selector(config: BlendConfig) -> Selector:
+    """The selector named by ``config.selector``."""
+    if config.selector == "deviation":
+        return DeviationSelector(config.measure)
+    if config.selector == "random":
+        return RandomSelector(config.seed)
+    if config.selector == "chunk_start":
+        return ChunkStartSelector()
+    if config.selector == "none":
+        return NoneSelector()
+    return AllSelector()
