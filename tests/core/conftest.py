@@ -1,0 +1,23 @@
+"""Fixtures for the engine tests: the bundled tokenizer and tiny random engines."""
+
+import pytest
+from tiny_models import tiny_model
+from transformers import AutoTokenizer
+
+from cacheblend import BlendConfig, BlendEngine
+
+
+@pytest.fixture(scope="session")
+def tokenizer(bundled_dir):
+    return AutoTokenizer.from_pretrained(str(bundled_dir))
+
+
+@pytest.fixture
+def make_engine(tokenizer):
+    def make(family: str = "llama", rope: dict | None = None, **config) -> BlendEngine:
+        config.setdefault("kv_dtype", "float32")
+        return BlendEngine(tiny_model(family, rope), tokenizer, config=BlendConfig(**config))
+
+    return make
+
+

@@ -1,0 +1,115 @@
+"""Bad input gets a clear error before any compute, or a documented fallback."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from cacheblend import BlendConfig, BlendEngine, UnsupportedModelError
+
+CHUNK = "A short passage about tide tables and the harbour of Brest."
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"chunks": [], "query": "q"}, "chunks is empty"),
+        ({"chunks": ["  \n "], "query": "q"}, "non-whitespace"),
+        ({"chunks": [CHUNK]}, "chunks and a query"),
+        ({"chunks": [CHUNK], "query": "q", "recompute_ratio": 1.5}, r"\[0, 1\]"),
+        ({"chunks": [CHUNK], "query": "q", "recompute_ratio": -0.1}, r"\[0, 1\]"),
+        ({"chunks": [CHUNK], "query": "q", "max_new_tokens": 0}, "max_new_tokens"),
+        ({"chunks": [CHUNK], "query": "q", "temperature": -1.0}, "temperature"),
+        ({"chunks": [CHUNK], "query": "q", "top_p": 0.0}, "top_p"),
+        ({"prompt": ""}, "non-empty"),
+        ({"prompt": "x", "chunks": [CHUNK]}, "either prompt"),
+    ],
+)
+def test_bad_requests_raise_value_errors(make_engine, kwargs, match):
+    engine = make_engine()
+    with pytest.raises(ValueError, match=match):
+        engine.generate(**kwargs)
+
+
+def test_bad_warm_input_stores_nothing(make_engine):
+    engine = make_engine()
+    with pytest.raises(ValueError, match="non-whitespace"):
+        engine.warm([CHUNK, ""])
+    with pytest.raises(ValueError, match="must be a string"):
+        engine.warm([CHUNK, None])
+    assert len(engine.stores.memory) == 0 and len(engine.finder) == 0
+
+
+def test_chunk_longer_than_the_context_window(make_engine):
+    engine = make_engine()
+    long = "word " * engine.context_window
+    with pytest.raises(ValueError, match="exceeds the context window"):
+        engine.warm([long])
+
+
+def test_prompt_over_the_context_window_fails_before_compute(make_engine, monkeypatch):
+    engine = make_engine()
+    calls = []
+    monkeypatch.setattr(engine.adapter, "embed", lambda ids: calls.append(ids))
+    with pytest.raises(ValueError, match="context window"):
+        engine.generate(prompt="word " * engine.context_window)
+    assert calls == []
+
+
+def test_same_chunk_twice_reuses_one_record(make_engine):
+    engine = make_engine()
+    engine.warm([CHUNK])
+    pre = engine.prefill(prompt=f"{CHUNK}\n\n{CHUNK}\n\nWhat is it about?", recompute_ratio=0.0)
+    n = engine.count_tokens(CHUNK)
+    assert (pre.stats.chunk_hits, pre.stats.cached_tokens) == (2, 2 * n)
+
+
+def test_unicode_chunks_round_trip(make_engine):
+    engine = make_engine()
+    text = "Ünïcödé — 東京 → 🚀 ✓ naïve café"
+    engine.warm([text])
+    pre = engine.prefill(chunks=[text], query="¿Qué?", recompute_ratio=0.0)
+    assert pre.stats.chunk_hits == 1
+
+
+def test_unsupported_architecture_names_the_supported_ones(tokenizer):
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100))
+    with pytest.raises(UnsupportedModelError, match="llama.*mistral.*qwen2.*qwen3"):
+        BlendEngine(model, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"check_layers": (1, 1), "ratios": (0.2, 0.1)}, "increasing"),
+        ({"check_layers": (1, 2), "ratios": (0.1, 0.2)}, "must not increase"),
+        ({"check_layers": (1,), "ratios": (0.1, 0.2)}, "same length"),
+        ({"selector": "magic"}, "selector must be one of"),
+        ({"measure": "q"}, "measure must be one of"),
+        ({"ratios": (float("nan"),)}, r"\[0, 1\]"),
+    ],
+)
+def test_bad_configs(config, match):
+    with pytest.raises(ValueError, match=match):
+        BlendConfig(**config)
+
+
+def test_check_layer_beyond_the_model(make_engine):
+    with pytest.raises(ValueError, match="does not exist"):
+        make_engine(check_layers=(9,))
+
+
+def test_bad_device_and_dtype():
+    with pytest.raises(ValueError, match="device"):
+        BlendEngine.from_pretrained("x", device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA"):
+            BlendEngine.from_pretrained("x", device="cuda")
+    with pytest.raises(ValueError, match="dtype"):
+        BlendEngine.from_pretrained("x", device="cpu", dtype="float8")
+
+
+def test_with_ratio_scales_a_gradual_schedule():
+    cfg = BlendConfig(check_layers=(1, 3), ratios=(0.3, 0.15))
+    assert cfg.with_ratio(0.05).ratios == pytest.approx((0.1, 0.05))
+    assert cfg.with_ratio(1.0).ratios == (1.0, 1.0)
+    assert cfg.with_ratio(0.0).schedule() == {0: 0.0}

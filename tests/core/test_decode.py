@@ -1,0 +1,78 @@
+"""Decoding: stop strings, streaming, sampling determinism."""
+
+import torch
+
+from cacheblend.decode import Sampling, TextTracker
+
+CHUNKS = ["The vault code is written on a card behind the clock.", "The clock in the hall is always five minutes fast."]
+
+
+class CharTokenizer:
+    """Decodes ids as characters, to test stop handling independently of any vocabulary."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+def feed(tracker, text, final=True):
+    out = []
+    for ch in text:
+        tracker.push(ord(ch))
+        if tracker.stopped:
+            break
+        out.append(tracker.delta(final=False))
+    out.append(tracker.delta(final=final))
+    return out
+
+
+def test_multi_token_stop_string_never_leaks_into_streamed_text():
+    tracker = TextTracker(CharTokenizer(), stop=["END!"])
+    pieces = feed(tracker, "hello EN world END! more")
+    assert tracker.stopped and tracker.text == "hello EN world "
+    assert "".join(pieces) == tracker.text
+    assert not any("END" in p for p in pieces)
+
+
+def test_streamed_pieces_join_to_the_final_text(make_engine):
+    engine = make_engine()
+    engine.warm(CHUNKS)
+    stream = engine.stream(chunks=CHUNKS, query="Where is the code?", max_new_tokens=12)
+    pieces = list(stream)
+    result = stream.result
+    assert "".join(pieces) == result.text and result.stats.completion_tokens == len(result.token_ids)
+    assert result.stats.chunk_hits == 2 and result.stats.ttft_s <= result.stats.total_s
+
+
+def test_stop_string_cuts_the_answer(make_engine):
+    engine = make_engine()
+    full = engine.generate(chunks=CHUNKS, query="q", max_new_tokens=12, recompute_ratio=1.0)
+    assert len(full.text) > 2
+    stop = full.text[1:3]
+    cut = engine.generate(chunks=CHUNKS, query="q", max_new_tokens=12, recompute_ratio=1.0, stop=[stop])
+    assert cut.text == full.text[: full.text.find(stop)] and cut.stats.finish_reason == "stop"
+
+
+def test_max_new_tokens_and_finish_reason(make_engine):
+    engine = make_engine()
+    out = engine.generate(chunks=CHUNKS, query="q", max_new_tokens=3)
+    assert len(out.token_ids) <= 3
+    if len(out.token_ids) == 3:
+        assert out.stats.finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible(make_engine):
+    engine = make_engine()
+    kw = dict(chunks=CHUNKS, query="q", max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=50)
+    a = engine.generate(seed=7, **kw).token_ids
+    assert a == engine.generate(seed=7, **kw).token_ids
+
+
+def test_sampling_filters():
+    logits = torch.tensor([0.0, 5.0, 4.9, -3.0])
+    greedy = Sampling()
+    assert greedy.pick(logits, None) == 1
+    topk = Sampling(temperature=1.0, top_k=2, seed=0)
+    gen = topk.generator(torch.device("cpu"))
+    assert {topk.pick(logits, gen) for _ in range(50)} <= {1, 2}
+    topp = Sampling(temperature=1.0, top_p=0.01, seed=0)
+    assert {topp.pick(logits, topp.generator(torch.device("cpu"))) for _ in range(20)} == {1}

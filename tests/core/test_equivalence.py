@@ -1,0 +1,147 @@
+"""Equivalence proofs on tiny random models (fp32, CPU): blending at ratio 1.0 *is* a full prefill,
+and a chunk computed behind the same context is exact at any ratio."""
+
+import pytest
+import torch
+
+from cacheblend.assemble import assemble
+from cacheblend.blend import blend_prefill
+from cacheblend.prompt import Segment, chat_lead
+from cacheblend.selection import AllSelector, DeviationSelector
+
+from tiny_models import FAMILIES
+
+CHUNKS = [
+    "The lighthouse keeper of Varn island logged every storm since 1871 in green ink.",
+    "Copper kettles were traded for salt along the northern river, two kettles per sack.",
+    "In the old observatory the brass telescope points at the star the locals call Ember.",
+]
+QUESTION = "Question: what colour was the ink? Answer:"
+
+
+def hf_reference(engine, ids: torch.Tensor):
+    """Full prefill with the plain transformers model: last logits and per-layer (K, V)."""
+    out = engine.adapter.model(input_ids=ids[None], use_cache=True)
+    kv = [(layer.keys, layer.values) for layer in out.cache.layers]
+    return out.logits[0, -1].float(), kv
+
+
+def assert_kv_close(ours, reference, tol):
+    """Per layer; a sliding-window layer of the reference cache keeps only its last rows."""
+    for layer, ((k, v), (rk, rv)) in enumerate(zip(ours, reference)):
+        rows = rk.shape[2]
+        torch.testing.assert_close(k[:, :, -rows:], rk, atol=tol, rtol=tol, msg=lambda m: f"K of layer {layer}: {m}")
+        torch.testing.assert_close(v[:, :, -rows:], rv, atol=tol, rtol=tol, msg=lambda m: f"V of layer {layer}: {m}")
+
+
+def blend(engine, segments, schedule, selector):
+    asm = assemble(segments, engine._tokenize, engine._lookup, engine.bos_ids, engine.adapter.device)
+    return asm, blend_prefill(engine.adapter, asm.input, selector, schedule)
+
+
+def request(engine, order=(0, 1, 2)):
+    return engine.segments(chunks=[CHUNKS[i] for i in order], query=QUESTION)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ratio_one_with_cached_chunks_equals_full_prefill(make_engine, family):
+    engine = make_engine(family)
+    engine.warm(CHUNKS)
+    segments = request(engine, (2, 0, 1))
+    asm, out = blend(engine, segments, {1: 1.0}, DeviationSelector("v"))
+    assert asm.hits == 3 and out.recomputed == asm.input.ids.shape[0]
+    logits, kv = hf_reference(engine, asm.input.ids)
+    torch.testing.assert_close(out.logits, logits, atol=1e-5, rtol=1e-5)
+    assert_kv_close(out.kv, kv, 1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_full_prefill_generation_matches_transformers_generate(make_engine, family):
+    engine = make_engine(family)
+    pre = engine.prefill(chunks=CHUNKS, query=QUESTION, recompute_ratio=1.0)
+    assert pre.stats.chunk_hits == 0 and pre.stats.reused_tokens == 0
+    ref = engine.adapter.model.generate(
+        pre.ids[None], max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(pre.ids[None])
+    )[0, len(pre.ids):].tolist()
+    ids = engine.generate(chunks=CHUNKS, query=QUESTION, max_new_tokens=8, recompute_ratio=1.0).token_ids
+    eos = engine.eos_ids
+    expected = []
+    for t in ref:
+        if t in eos:
+            break
+        expected.append(t)
+    assert ids == expected
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("ratio", [0.0, 0.15, 0.5])
+def test_single_leading_chunk_behind_its_warm_context_is_exact_at_any_ratio(make_engine, family, ratio):
+    engine = make_engine(family)
+    engine.warm(CHUNKS[:1])
+    lead = chat_lead(engine.tokenizer)
+    segments = [Segment(lead), Segment(CHUNKS[0], chunk=True), Segment("\n\n" + QUESTION)]
+    asm, out = blend(engine, segments, engine.config.with_ratio(ratio).schedule(), DeviationSelector("v"))
+    assert asm.hits == 1 and asm.input.ids[: len(engine.lead_ids)].tolist() == engine.lead_ids
+    logits, kv = hf_reference(engine, asm.input.ids)
+    torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-4)
+    assert_kv_close(out.kv, kv, 1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_uncached_token_is_recomputed(make_engine, family):
+    """Cached rows of uncached tokens are poisoned with NaN: if any were read instead of
+    recomputed, NaN would reach the logits or the KV."""
+    engine = make_engine(family)
+    engine.warm([CHUNKS[0], CHUNKS[2]])  # CHUNKS[1] misses
+    segments = request(engine, (1, 0, 2))
+    asm = assemble(segments, engine._tokenize, engine._lookup, engine.bos_ids, engine.adapter.device)
+    assert (asm.hits, asm.misses) == (2, 1)
+    asm.input.cached[:, :, :, ~asm.input.reused] = float("nan")
+    for schedule in ({0: 0.0}, {1: 0.0}, {1: 0.3}, {1: 0.5, 2: 0.1}):
+        out = blend_prefill(engine.adapter, asm.input, DeviationSelector("kv"), schedule)
+        assert torch.isfinite(out.logits).all()
+        assert all(torch.isfinite(k).all() and torch.isfinite(v).all() for k, v in out.kv)
+        assert out.recomputed >= int((~asm.input.reused).sum())
+
+
+def test_recompute_counts_follow_the_ratio(make_engine):
+    engine = make_engine("llama")
+    engine.warm(CHUNKS)
+    counts = []
+    for ratio in (0.0, 0.1, 0.25, 0.5, 0.75, 1.0):
+        asm, out = blend(engine, request(engine), {1: ratio}, DeviationSelector("v"))
+        reused = int(asm.input.reused.sum())
+        uncached = asm.input.ids.shape[0] - reused
+        assert out.recomputed == uncached + int(ratio * reused + 0.5)
+        counts.append(out.recomputed)
+    assert counts == sorted(counts) and counts[0] < counts[-1]
+
+
+def test_gradual_filtering_shrinks_the_active_rows(make_engine):
+    engine = make_engine("llama", check_layers=(1, 2), ratios=(0.6, 0.2))
+    engine.warm(CHUNKS)
+    asm, out = blend(engine, request(engine), engine.config.schedule(), DeviationSelector("v"))
+    n, reused = asm.input.ids.shape[0], int(asm.input.reused.sum())
+    uncached = n - reused
+    assert out.active_per_layer == [
+        n,
+        uncached + int(0.6 * reused + 0.5),
+        uncached + int(0.2 * reused + 0.5),
+        uncached + int(0.2 * reused + 0.5),
+    ]
+
+
+def test_all_selector_at_any_ratio_is_full_prefill(make_engine):
+    engine = make_engine("qwen3")
+    engine.warm(CHUNKS)
+    asm, out = blend(engine, request(engine, (1, 2, 0)), {2: 0.0}, AllSelector())
+    logits, _ = hf_reference(engine, asm.input.ids)
+    torch.testing.assert_close(out.logits, logits, atol=1e-5, rtol=1e-5)
+
+
+def test_any_subset_of_chunks_may_hit(make_engine):
+    engine = make_engine("llama")
+    engine.warm([CHUNKS[1]])
+    pre = engine.prefill(chunks=CHUNKS, query=QUESTION, recompute_ratio=0.0)
+    assert (pre.stats.chunk_hits, pre.stats.chunk_misses) == (1, 2)
+    assert pre.stats.reused_tokens == engine.count_tokens(CHUNKS[1])

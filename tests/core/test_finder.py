@@ -1,0 +1,48 @@
+"""Finding warmed chunk texts inside arbitrary prompts."""
+
+from cacheblend import ChunkFinder
+from cacheblend.prompt import Segment, segments_from_prompt
+
+A = "Alpha passage: the river Ost freezes in March, and the ferries stop for nine days."
+B = "Beta passage: café owners in Lünen serve ✓ spiced tea — always with two biscuits."
+C = "Gamma"  # shorter than the anchor
+
+
+def test_finds_chunks_in_any_order_template_and_separators():
+    finder = ChunkFinder([A, B, C])
+    for sep in ["\n\n", "\n---\n", " | ", "", "<doc>"]:
+        prompt = f"<|sys|>Context:{sep}{B}{sep}{A}{sep}{C}{sep}Question: why?"
+        spans = finder.find(prompt)
+        assert [s.text for s in spans] == [B, A, C]
+        assert all(prompt[s.start : s.end] == s.text for s in spans)
+
+
+def test_same_chunk_twice_and_unicode():
+    finder = ChunkFinder([B])
+    prompt = f"{B}\n\n{B}"
+    assert [s.text for s in finder.find(prompt)] == [B, B]
+
+
+def test_segments_cover_the_prompt_exactly():
+    finder = ChunkFinder([A, B])
+    prompt = f"pre {A} mid {B} post"
+    segs = segments_from_prompt(prompt, finder)
+    assert "".join(s.text for s in segs) == prompt
+    assert segs == [Segment("pre "), Segment(A, True), Segment(" mid "), Segment(B, True), Segment(" post")]
+
+
+def test_altered_chunk_is_not_found():
+    finder = ChunkFinder([A])
+    assert finder.find(A[:-1] + "!") == [] and finder.find(A.upper()) == []
+    assert finder.find(A[: len(A) // 2]) == []  # truncated by a framework
+
+
+def test_longest_match_wins_when_chunks_share_a_start():
+    long = A + " And more text follows here."
+    finder = ChunkFinder([A, long])
+    assert [s.text for s in finder.find(f"x {long} y")] == [long]
+    assert [s.text for s in finder.find(f"x {A} y")] == [A]
+
+
+def test_empty_finder_and_prompt():
+    assert ChunkFinder().find("anything") == [] and ChunkFinder([A]).find("") == []

@@ -1,0 +1,57 @@
+"""Realigned keys equal keys computed at the target positions, for every rope type we support.
+
+Chunk KV is stored before RoPE. Running the same tokens (lead context + chunk) with every
+position shifted by ``offset`` leaves the pre-RoPE states unchanged (attention sees only relative
+positions), so the model's own keys at the shifted positions must equal our stored keys rotated
+by the model's rotary tables at those positions: at every layer, not just the first.
+"""
+
+import pytest
+import torch
+
+from cacheblend.rope import apply_rope, rotate_half
+
+ROPES = {
+    "default": None,
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+}
+TEXT = "Realignment must hold for any offset: the keys are rotated by the model's own tables."
+
+
+@pytest.mark.parametrize("rope", list(ROPES))
+@pytest.mark.parametrize("offset", [0, 7, 301])
+def test_realigned_keys_equal_keys_at_target_positions(make_engine, rope, offset):
+    engine = make_engine("llama", rope=ROPES[rope])
+    assert engine.adapter.config.rope_parameters["rope_type"] == rope
+    (key,) = engine.warm([TEXT])
+    stored = engine.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
+    lead, n = len(engine.lead_ids), stored.shape[3]
+    ids = torch.tensor([engine.lead_ids + engine._tokenize(TEXT)])
+    pos = torch.arange(ids.shape[1])[None] + offset
+    out = engine.adapter.model(input_ids=ids, position_ids=pos, use_cache=True)
+    cos, sin = engine.adapter.rope(pos[0, lead:])
+    for layer, cache_layer in enumerate(out.cache.layers):
+        model_keys = cache_layer.keys[0, :, lead:]  # [kv_heads, T, d] after RoPE at lead+offset..
+        realigned = apply_rope(stored[layer, 0], cos, sin)
+        torch.testing.assert_close(realigned, model_keys, atol=2e-5, rtol=1e-4, msg=f"layer {layer}")
+        torch.testing.assert_close(stored[layer, 1], cache_layer.values[0, :, lead:], atol=2e-5, rtol=1e-4)
+    assert n == len(engine._tokenize(TEXT))
+
+
+def test_rotate_half_and_rotation_preserve_norms():
+    x = torch.randn(3, 10, 16)
+    assert torch.equal(rotate_half(rotate_half(x)), -x)
+    angles = torch.rand(10, 8) * 6.3
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    torch.testing.assert_close(apply_rope(x, cos, sin).norm(dim=-1), x.norm(dim=-1))
+    # rotating by a then by -a is the identity
+    torch.testing.assert_close(apply_rope(apply_rope(x, cos, sin), cos, -sin), x, atol=1e-5, rtol=1e-5)
