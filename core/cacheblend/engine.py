@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,18 @@ class BlendEngine:
     def _lookup(self, ids: list[int]) -> ChunkKV | None:
         return self.stores.get(chunk_key(self.fingerprint, ids))
 
+    def token_ids(
+        self,
+        prompt: str | None = None,
+        *,
+        chunks: Sequence[str] | None = None,
+        query: str | None = None,
+        prefix: str | None = None,
+    ) -> list[int]:
+        """The prompt's token ids as the engine feeds them (no compute, no cache read)."""
+        segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
+        return assemble(segments, self._tokenize, None, self.bos_ids, torch.device("cpu")).input.ids.tolist()
+
     def stream(
         self,
         prompt: str | None = None,
@@ -319,30 +331,45 @@ class BlendEngine:
 
         Arguments are validated here; the prefill starts with the first ``next()``.
         """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        sampling = Sampling(temperature, top_p, top_k, seed)
-        started = time.perf_counter()
         segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
-        stops = [s for s in (stop or []) if s]
-        return GenerationStream(self, segments, recompute_ratio, sampling, max_new_tokens, stops, started)
+        decoding = _Decoding(max_new_tokens, Sampling(temperature, top_p, top_k, seed), stop)
+        return GenerationStream(self, lambda t0: self._prefill(segments, recompute_ratio, None, t0), decoding)
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
         """Generates an answer. Takes ``prompt`` or ``chunks``/``query``/``prefix``, plus
         ``max_new_tokens``, ``recompute_ratio``, ``temperature``, ``top_p``, ``top_k``, ``seed``
         and ``stop`` (see ``stream``). Returns the text (never the prompt) and BlendStats."""
-        stream = self.stream(prompt, **kwargs)
-        for _ in stream:
-            pass
-        return stream.result
+        return self.stream(prompt, **kwargs).consume()
+
+    def generate_from(self, prefilled: Prefilled, *, max_new_tokens: int = 256, **sampling: Any) -> Generation:
+        """Decodes from an existing prefill (its KV is copied, so it can be decoded again).
+        Takes the sampling options and ``stop`` of ``generate``; timings count from this call."""
+        stop = sampling.pop("stop", None)
+        decoding = _Decoding(max_new_tokens, Sampling(**sampling), stop)
+        return GenerationStream(self, lambda t0: prefilled, decoding).consume()
+
+
+@dataclass(frozen=True)
+class _Decoding:
+    max_new_tokens: int
+    sampling: Sampling
+    stop: Sequence[str] | None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop", [s for s in (self.stop or []) if s])
 
 
 class GenerationStream:
-    """An iterator of text pieces; after exhaustion ``result`` is the whole Generation."""
+    """An iterator of text pieces; after exhaustion ``result`` is the whole Generation.
 
-    def __init__(self, engine, segments, ratio, sampling, max_new_tokens, stops, started) -> None:
+    Work starts at the first ``next()``; ``ttft_s`` and ``total_s`` count from there.
+    """
+
+    def __init__(self, engine: BlendEngine, prefill, decoding: _Decoding) -> None:
         self.result: Generation | None = None
-        self._it = self._run(engine, segments, ratio, sampling, max_new_tokens, stops, started)
+        self._it = self._run(engine, prefill, decoding)
 
     def __iter__(self) -> Iterator[str]:
         return self._it
@@ -350,11 +377,17 @@ class GenerationStream:
     def __next__(self) -> str:
         return next(self._it)
 
-    def _run(self, engine: BlendEngine, segments, ratio, sampling, max_new_tokens, stops, started):
-        pre = engine._prefill(segments, ratio, None, started)
-        stats, n = pre.stats, len(pre.ids)
-        limit = min(max_new_tokens, engine.context_window - n)
-        cache, tracker = pre.cache(), TextTracker(engine.tokenizer, stops)
+    def consume(self) -> Generation:
+        for _ in self._it:
+            pass
+        return self.result
+
+    def _run(self, engine: BlendEngine, prefill, decoding: _Decoding) -> Iterator[str]:
+        started = time.perf_counter()
+        pre = prefill(started)
+        stats, n = replace(pre.stats), len(pre.ids)
+        limit = min(decoding.max_new_tokens, engine.context_window - n)
+        cache, tracker = pre.cache(), TextTracker(engine.tokenizer, decoding.stop)
         position = n
 
         def step(token: int) -> torch.Tensor:
@@ -364,7 +397,7 @@ class GenerationStream:
             return logits
 
         stats.finish_reason = "length"
-        for i, token in enumerate(decode_tokens(step, pre.output.logits, sampling, limit)):
+        for i, token in enumerate(decode_tokens(step, pre.output.logits, decoding.sampling, limit)):
             if i == 0:
                 stats.ttft_s = time.perf_counter() - started
             if token in engine.eos_ids:

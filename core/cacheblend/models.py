@@ -26,6 +26,10 @@ SUPPORTED = {
 }
 
 
+_GROUPS = 8  # query groups for partial-row attention (measured: 8 is fastest at 3k tokens, 15%)
+_GROUP_MIN_ROWS = 64
+
+
 class UnsupportedModelError(ValueError):
     """The model's architecture has no adapter."""
 
@@ -103,15 +107,30 @@ class ModelAdapter:
         window = self._windows[layer]
         if key_valid is None and window is None and q.shape[2] == k.shape[2]:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
+        elif key_valid is not None or q.shape[2] < _GROUP_MIN_ROWS:
+            out = self._masked(q, k, v, q_pos, k_pos, window, key_valid)
         else:
-            mask = k_pos[None, :] <= q_pos[:, None]  # [n, N]
-            if window is not None:
-                mask = mask & (k_pos[None, :] > q_pos[:, None] - window)
-            mask = mask[None, None]  # [1, 1, n, N]
-            if key_valid is not None:
-                mask = mask & key_valid[:, None, None, :]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
+            # Selected rows are sorted by position: in groups, each attends only to the keys up
+            # to its last row (and from its first row's window), skipping most masked-out work.
+            parts = []
+            for rows in torch.tensor_split(torch.arange(q.shape[2], device=q.device), _GROUPS):
+                hi = int(q_pos[rows[-1]]) + 1
+                lo = 0 if window is None else max(0, int(q_pos[rows[0]]) - window + 1)
+                keys = slice(lo, hi)  # k_pos is arange(N): key index == position
+                parts.append(
+                    self._masked(q[:, :, rows], k[:, :, keys], v[:, :, keys], q_pos[rows], k_pos[keys], window, None)
+                )
+            out = torch.cat(parts, dim=2)
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    def _masked(self, q, k, v, q_pos, k_pos, window, key_valid) -> torch.Tensor:
+        mask = k_pos[None, :] <= q_pos[:, None]  # [n, N]
+        if window is not None:
+            mask = mask & (k_pos[None, :] > q_pos[:, None] - window)
+        mask = mask[None, None]  # [1, 1, n, N]
+        if key_valid is not None:
+            mask = mask & key_valid[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
 
     def finish(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """o_proj + residual, then the MLP block + residual. h [B,n,hidden] -> [B,n,hidden]."""

@@ -1,0 +1,95 @@
+"""Measures the engine's tunable choices on the development split and prints markdown tables.
+
+    .venv/bin/python benchmarks/tune.py --prompts 8            # pydoc prompts, 6 x ~512 tokens
+    .venv/bin/python benchmarks/tune.py --musique ../shared/data/musique_s.json --prompts 8
+
+Each row: mean KL(full prefill || blend) over the full-prefill answer's tokens (lower is closer)
+and the recomputed share of the prompt. Only
+development examples are used (pydoc prompts from seed 1; MuSiQue examples 0-49).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from cacheblend import BlendConfig, BlendEngine, shared_engine
+from cacheblend.datasets import load_musique, pydoc_passages, pydoc_workload
+from cacheblend.quality import answer_kl
+
+ANSWER_TOKENS = 24
+
+
+def rows_for(engine: BlendEngine, examples, configs: dict[str, BlendConfig]) -> dict[str, list]:
+    out: dict[str, list] = {name: [] for name in configs}
+    for ex in examples:
+        req = dict(chunks=ex.passages, query=ex.question)
+        full = engine.prefill(**req, recompute_ratio=1.0)
+        ref = engine.generate(**req, recompute_ratio=1.0, max_new_tokens=ANSWER_TOKENS)
+        for name, cfg in configs.items():
+            pre = engine.prefill(**req, config=cfg)
+            kl = answer_kl(full, pre, ref.token_ids)
+            out[name].append((kl, pre.stats.recomputed_tokens / pre.stats.prompt_tokens))
+    return out
+
+
+def table(title: str, results: dict[str, list]) -> str:
+    lines = [f"### {title}", "", "| setting | mean KL | median KL | recomputed share |", "|---|---|---|---|"]
+    for name, rows in results.items():
+        kls = [r[0] for r in rows]
+        share = statistics.mean(r[1] for r in rows)
+        lines.append(f"| {name} | {statistics.mean(kls):.4f} | {statistics.median(kls):.4f} | {share:.1%} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--musique", help="MuSiQue-format JSON; uses examples 0-49 only")
+    ap.add_argument("--chunks", type=int, default=6)
+    args = ap.parse_args()
+
+    base = shared_engine()
+    model, tok = base.adapter.model, base.tokenizer
+    if args.musique:
+        examples = load_musique(args.musique, args.chunks)[:50][: args.prompts]
+    else:
+        examples = pydoc_workload(pydoc_passages(base.count_tokens), args.prompts, args.chunks, seed=1)
+    texts = sorted({p for ex in examples for p in ex.passages})
+    started = time.time()
+
+    # 1. What each chunk is computed behind.
+    ctx_results = {}
+    for context in ("none", "bos", "system"):
+        engine = BlendEngine(model, tok, config=BlendConfig(chunk_context=context))
+        engine.warm(texts)
+        for name, cfg in {"deviation(v) 15%": BlendConfig(chunk_context=context),
+                          "full reuse": BlendConfig(chunk_context=context, ratios=(0.0,))}.items():
+            ctx_results[f"context={context}, {name}"] = rows_for(engine, examples, {name: cfg})[name]
+    print(table("Chunk context (what each chunk's KV is computed behind)", ctx_results), "\n")
+
+    # 2. Selector, measure and check layers, with the chosen context.
+    engine = BlendEngine(model, tok)
+    engine.warm(texts)
+    configs = {
+        "full reuse (0%)": BlendConfig(ratios=(0.0,)),
+        "random 15%": BlendConfig(selector="random"),
+        "chunk start 15%": BlendConfig(selector="chunk_start"),
+        "deviation K, layer 1, 15%": BlendConfig(measure="k"),
+        "deviation V, layer 1, 15%": BlendConfig(measure="v"),
+        "deviation KV, layer 1, 15%": BlendConfig(measure="kv"),
+        "deviation V, layer 2, 15%": BlendConfig(check_layers=(2,)),
+        "deviation V, layer 3, 15%": BlendConfig(check_layers=(3,)),
+        "deviation V, layer 5, 15%": BlendConfig(check_layers=(5,)),
+        "gradual V, layers 1,3: 30%,15%": BlendConfig(check_layers=(1, 3), ratios=(0.3, 0.15)),
+        "gradual V, layers 1,2,4: 40%,25%,15%": BlendConfig(check_layers=(1, 2, 4), ratios=(0.4, 0.25, 0.15)),
+        "deviation V, layer 1, 5%": BlendConfig(ratios=(0.05,)),
+        "deviation V, layer 1, 30%": BlendConfig(ratios=(0.3,)),
+    }
+    print(table("Selector, measure and check layers (context=system)", rows_for(engine, examples, configs)))
+    print(f"\n{len(examples)} prompts, {len(texts)} chunks, {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

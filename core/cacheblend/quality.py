@@ -1,0 +1,48 @@
+"""Quality measures: how close a blend is to full prefill, and answer F1.
+
+- ``answer_kl``: mean KL(full prefill || blend) of the next-token distributions over the tokens
+  of the full-prefill answer (teacher forcing), the distribution-level gap.
+- ``token_f1``: SQuAD-style token F1 between two answers (lowercased, punctuation and articles
+  dropped), used against gold answers and against the full-prefill answer.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+
+from .engine import Prefilled
+
+
+def answer_kl(reference: Prefilled, candidate: Prefilled, answer_ids: Sequence[int]) -> float:
+    """Mean KL(reference || candidate) over the prompt's last position and each answer token."""
+    p = torch.log_softmax(reference.continuation_logits(answer_ids), dim=-1)  # [T, vocab]
+    q = torch.log_softmax(candidate.continuation_logits(answer_ids), dim=-1)
+    return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+def normalize_answer(text: str) -> str:
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def token_f1(prediction: str, truth: str) -> float:
+    pred, gold = normalize_answer(prediction).split(), normalize_answer(truth).split()
+    if not pred or not gold:
+        return float(pred == gold)
+    common = sum((Counter(pred) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def best_f1(prediction: str, answers: Sequence[str]) -> float:
+    """The best token F1 against any of the gold answers."""
+    return max((token_f1(prediction, a) for a in answers), default=0.0)
