@@ -1,0 +1,239 @@
+"""CacheBlendFAISS: LangChain's FAISS vector store that also warms each document's KV.
+
+Everything FAISS does is unchanged (search, retrievers, filters, ``delete``, ids, metadata); every
+way of adding documents (``from_documents``, ``from_texts``, ``from_embeddings``, ``add_documents``,
+``add_texts``, ``add_embeddings``, ``merge_from`` and their async forms) additionally warms the
+KV of each ``page_content`` in the engine, so a ``ChatCacheBlend`` on the same model reuses it.
+
+On disk, ``save_local(folder)`` writes FAISS's own ``index.faiss`` + ``index.pkl`` and then the KV
+store under ``folder/cacheblend/`` (safetensors files, a text catalogue, and a small JSON
+manifest naming the model): no pickle of ours, no KV keys in any document's metadata.
+``load_local`` reads both and attaches the KV store, computing nothing that is already there.
+Documents whose KV is missing (an index saved by plain FAISS, a save interrupted before the KV
+was written, a different model) are warmed on load with a warning, or, with
+``warm_missing=False``, left to be computed at query time. Deleting documents leaves their KV on
+disk (content-addressed, harmless, never reused for other text).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from langchain_community.vectorstores import FAISS
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.runnables.config import run_in_executor
+
+from .params import resolve_engine
+from .warming import warm_texts, warmable
+
+if TYPE_CHECKING:
+    from cacheblend import BlendEngine
+
+KV_FOLDER = "cacheblend"
+MANIFEST_FORMAT = 1
+
+
+class CacheBlendFAISS(FAISS):
+    """FAISS whose additions warm KV; ``save_local``/``load_local`` carry the KV store along.
+
+    Extra keyword arguments (accepted by every constructor path, e.g.
+    ``CacheBlendFAISS.from_documents(docs, embeddings, engine="smollm2-135m-instruct")``):
+
+    engine: a BlendEngine, a model id (its process-wide shared engine) or None (the bundled
+        model). Use the model your ``ChatCacheBlend`` uses so both meet in one engine.
+    kv_dir: write KV to this disk store as it is computed (large corpora: the memory store has a
+        byte budget, and disk keeps what it evicts); default memory only until ``save_local``.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        engine: BlendEngine | str | None = None,
+        kv_dir: str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._engine_spec = engine
+        self._engine: BlendEngine | None = None
+        self.kv_dir = Path(kv_dir) if kv_dir is not None else None
+
+    @property
+    def engine(self) -> BlendEngine:
+        """The engine KV is warmed in (loaded on first use)."""
+        if self._engine is None:
+            self._engine = resolve_engine(self._engine_spec)
+        return self._engine
+
+    def warm(self, texts: Iterable[str]) -> int:
+        """Warms ``texts`` in this store's engine (and ``kv_dir``); returns how many."""
+        return warm_texts(texts, self.engine, store_dir=self.kv_dir)
+
+    def documents(self) -> list[Document]:
+        """Every document in the index, in index order."""
+        docs = (self.docstore.search(i) for i in self.index_to_docstore_id.values())
+        return [d for d in docs if isinstance(d, Document)]
+
+    # -- adding: FAISS first (it validates), then warming --------------------------------------
+    def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None, ids: list[str] | None = None,
+                  **kwargs: Any) -> list[str]:
+        texts = list(texts)
+        added = super().add_texts(texts, metadatas=metadatas, ids=ids, **kwargs)
+        self.warm(texts)
+        return added
+
+    async def aadd_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None,
+                         ids: list[str] | None = None, **kwargs: Any) -> list[str]:
+        texts = list(texts)
+        added = await super().aadd_texts(texts, metadatas=metadatas, ids=ids, **kwargs)
+        await run_in_executor(None, self.warm, texts)
+        return added
+
+    def add_embeddings(self, text_embeddings: Iterable[tuple[str, list[float]]], metadatas: list[dict] | None = None,
+                       ids: list[str] | None = None, **kwargs: Any) -> list[str]:
+        pairs = list(text_embeddings)
+        added = super().add_embeddings(pairs, metadatas=metadatas, ids=ids, **kwargs)
+        self.warm(t for t, _ in pairs)
+        return added
+
+    def merge_from(self, target: FAISS) -> None:
+        super().merge_from(target)
+        docs = (target.docstore.search(i) for i in target.index_to_docstore_id.values())
+        self.warm(d.page_content for d in docs if isinstance(d, Document))
+
+    @classmethod
+    def from_texts(cls, texts: list[str], embedding: Embeddings, metadatas: list[dict] | None = None,
+                   ids: list[str] | None = None, **kwargs: Any) -> CacheBlendFAISS:
+        texts = list(texts)
+        store = super().from_texts(texts, embedding, metadatas=metadatas, ids=ids, **kwargs)
+        store.warm(texts)
+        return store
+
+    @classmethod
+    async def afrom_texts(cls, texts: list[str], embedding: Embeddings, metadatas: list[dict] | None = None,
+                          ids: list[str] | None = None, **kwargs: Any) -> CacheBlendFAISS:
+        texts = list(texts)
+        store = await super().afrom_texts(texts, embedding, metadatas=metadatas, ids=ids, **kwargs)
+        await run_in_executor(None, store.warm, texts)
+        return store
+
+    @classmethod
+    def from_embeddings(cls, text_embeddings: Iterable[tuple[str, list[float]]], embedding: Embeddings,
+                        metadatas: Iterable[dict] | None = None, ids: list[str] | None = None,
+                        **kwargs: Any) -> CacheBlendFAISS:
+        pairs = list(text_embeddings)
+        store = super().from_embeddings(pairs, embedding, metadatas=metadatas, ids=ids, **kwargs)
+        store.warm(t for t, _ in pairs)
+        return store
+
+    @classmethod
+    async def afrom_embeddings(cls, text_embeddings: Iterable[tuple[str, list[float]]], embedding: Embeddings,
+                               metadatas: Iterable[dict] | None = None, ids: list[str] | None = None,
+                               **kwargs: Any) -> CacheBlendFAISS:
+        # FAISS's own version runs the sync one on the event loop; warming must not.
+        return await run_in_executor(
+            None, lambda: cls.from_embeddings(text_embeddings, embedding, metadatas=metadatas, ids=ids, **kwargs)
+        )
+
+    @classmethod
+    def deserialize_from_bytes(cls, serialized: bytes, embeddings: Embeddings, **kwargs: Any) -> CacheBlendFAISS:
+        """FAISS's byte form holds no KV: the documents are warmed again (stored ones cost nothing)."""
+        store = super().deserialize_from_bytes(serialized, embeddings, **kwargs)
+        store.warm(d.page_content for d in store.documents())
+        return store
+
+    # -- persistence -----------------------------------------------------------------------------
+    def save_local(self, folder_path: str | os.PathLike, index_name: str = "index") -> None:
+        """FAISS's files, then the KV of every document in ``folder_path/cacheblend/``, then the
+        manifest (written last: its presence says the KV store was completed)."""
+        super().save_local(str(folder_path), index_name)
+        kv_dir = Path(folder_path) / KV_FOLDER
+        texts = [d.page_content for d in self.documents()]
+        warm_texts(texts, self.engine, store_dir=kv_dir)
+        _write_manifest(kv_dir / f"{index_name}.json", {
+            "format": MANIFEST_FORMAT,
+            "model": self.engine.name,
+            "documents": len(warmable(texts)),
+        })
+
+    @classmethod
+    def load_local(
+        cls,
+        folder_path: str | os.PathLike,
+        embeddings: Embeddings,
+        index_name: str = "index",
+        *,
+        allow_dangerous_deserialization: bool = False,
+        warm_missing: bool = True,
+        **kwargs: Any,
+    ) -> CacheBlendFAISS:
+        """Loads the FAISS index and attaches its KV store (nothing stored is recomputed).
+
+        The engine is ``engine=`` if given, else the model named in the manifest, else the
+        bundled model. ``allow_dangerous_deserialization`` is FAISS's own switch for its
+        ``index.pkl`` (our KV files are safetensors and need no such trust). Documents without
+        stored KV are warmed now with a warning (``warm_missing=False``: computed at query time).
+        """
+        folder = Path(folder_path)
+        for name in (f"{index_name}.faiss", f"{index_name}.pkl"):
+            if not (folder / name).is_file():
+                raise FileNotFoundError(
+                    f"{folder / name} is missing: {folder} holds no complete FAISS index named {index_name!r} "
+                    "(wrong folder or index_name, or save_local was interrupted; save it again)"
+                )
+        kv_dir = folder / KV_FOLDER
+        if kwargs.get("engine") is None:
+            kwargs["engine"] = _read_manifest(kv_dir / f"{index_name}.json").get("model")
+        store = super().load_local(
+            str(folder), embeddings, index_name, allow_dangerous_deserialization=allow_dangerous_deserialization,
+            **kwargs,
+        )
+        store.attach_kv(kv_dir, warm_missing=warm_missing)
+        return store
+
+    def attach_kv(self, kv_dir: str | os.PathLike, *, warm_missing: bool = True) -> int:
+        """Makes the KV store at ``kv_dir`` readable; returns how many documents it lacked.
+
+        Which documents are stored is read from the store's text catalogue (no KV is loaded and
+        nothing is tokenized for the ones present).
+        """
+        disk = self.engine.attach_store(kv_dir)
+        stored = set(disk.texts())
+        missing = [t for t in warmable(d.page_content for d in self.documents()) if t.strip() not in stored]
+        if missing:
+            action = "warming them now" if warm_missing else "they will be computed at query time"
+            warnings.warn(
+                f"{len(missing)} document(s) have no KV stored in {kv_dir} for model {self.engine.name!r} "
+                f"(index saved without it, save interrupted, or another model); {action}",
+                UserWarning,
+                stacklevel=3,
+            )
+            if warm_missing:
+                warm_texts(missing, self.engine, store_dir=kv_dir)
+        return len(missing)
+
+
+def _write_manifest(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest, or {} when it is absent or unreadable (the bundled model is then assumed)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"ignoring unreadable {path} ({exc})", UserWarning, stacklevel=3)
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,86 @@
+"""Fixtures for the LangChain integration tests: the real bundled model, real MiniLM embeddings,
+real FAISS, and a real corpus (passages of Python's own reference documentation).
+
+The bundled model's engine is process-wide (``cacheblend.shared_engine``), so its memory KV store
+is shared by every test here. Tests that must see a chunk *not* warmed yet use texts no other test
+uses (``fresh_texts``).
+"""
+
+import itertools
+
+import pytest
+from langchain_core.documents import Document
+from pydoc_data.topics import topics
+
+# Passages of ~100-470 tokens each (SmolLM2 tokenizer); 8 of them index in a few seconds.
+TOPICS = ("assert", "booleans", "while", "augassign", "global", "del", "for", "break")
+
+_counter = itertools.count()
+
+
+def pydoc_documents(names=TOPICS) -> list[Document]:
+    return [Document(page_content=topics[name].strip(), metadata={"topic": name}) for name in names]
+
+
+def fresh_texts(n: int, tag: str) -> list[str]:
+    """``n`` short passages that no other test has warmed (unique per call)."""
+    run = next(_counter)
+    base = topics["pass"].strip()
+    return [f"[{tag} {run}.{i}] {base}" for i in range(n)]
+
+
+def format_docs(docs) -> str:
+    """What LangChain's RAG tutorials put into prompts: page contents joined by blank lines."""
+    return "\n\n".join(d.page_content for d in docs)
+
+
+@pytest.fixture(scope="session")
+def engine(real_engine):
+    """The bundled model's shared engine (the one ChatCacheBlend() and CacheBlendFAISS use)."""
+    return real_engine
+
+
+@pytest.fixture(scope="session")
+def embeddings():
+    from langchain_cacheblend import SentenceTransformerEmbeddings
+
+    return SentenceTransformerEmbeddings()
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    return pydoc_documents()
+
+
+@pytest.fixture(scope="session")
+def rag_store(corpus, embeddings, engine):
+    """A CacheBlendFAISS index over the corpus (its KV warmed in the shared engine)."""
+    from langchain_cacheblend import CacheBlendFAISS
+
+    return CacheBlendFAISS.from_documents(corpus, embeddings)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, bundled_dir):
+    """Another real model (a tiny random Llama with the bundled tokenizer and chat template), saved
+    as a folder: its KV must never be confused with the bundled model's."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(str(bundled_dir))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return str(path)
