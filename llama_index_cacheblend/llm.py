@@ -1,0 +1,253 @@
+"""CacheBlendLLM: a LlamaIndex LLM whose prefill reuses the KV cache of warmed chunks.
+
+LlamaIndex formats retrieved nodes into its own prompt templates; the engine finds the warmed
+chunk texts inside the final prompt string (exact match, any order) and reuses their KV, so no
+LlamaIndex prompt has to change. Every call (complete, chat, their streaming and async forms)
+goes through one formatting step (``_completion_prompt`` / ``_chat_prompt``) and one generation
+step (``_generate``), so all of them see the same prompt text and report the same usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import cacheblend
+from cacheblend import BlendEngine, BlendStats, Generation
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    TextBlock,
+)
+from llama_index.core.base.llms.generic_utils import messages_to_prompt as generic_messages_to_prompt
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.prompts import BasePromptTemplate
+
+from .threads import iterate_in_thread
+
+GENERATION_KEYS = ("max_new_tokens", "recompute_ratio", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+class CacheBlendLLM(CustomLLM):
+    """A local causal LM served by a cacheblend engine, for LlamaIndex.
+
+    Instances built with the same ``model``/``device``/``dtype`` share one engine (weights and
+    in-memory KV store) through ``cacheblend.shared_engine``; that is how a ``KVCacheWarmer`` and
+    this LLM meet. ``raw["usage"]`` of every response carries the model's own token counts (read by
+    ``TokenCountingHandler``) and ``raw["cacheblend"]`` the full ``BlendStats``.
+    """
+
+    model: str = Field(
+        default=cacheblend.BUNDLED_MODEL,
+        description="HF model id or folder, a .gguf file, or the bundled alias 'smollm2-135m-instruct'.",
+    )
+    device: str = Field(default="auto", description="'cpu', 'cuda[:N]' or 'auto'.")
+    dtype: str | None = Field(
+        default=None, description="'float32', 'bfloat16', 'float16'; None: fp32 on CPU, bf16 on CUDA."
+    )
+    max_new_tokens: int = Field(
+        default=256, gt=0, description="Most tokens generated per call; also the room LlamaIndex reserves (num_output)."
+    )
+    recompute_ratio: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Share of reused chunk tokens recomputed. None: the engine's default (0.15). "
+        "1.0: a full prefill that reads no cache (the quality baseline); 0.0: full reuse.",
+    )
+    temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy decoding.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 disables it.")
+    seed: int | None = Field(default=None, description="Seed for sampling (temperature > 0).")
+    stop: list[str] | None = Field(default=None, description="Strings that end the generation (not returned).")
+
+    _engine: BlendEngine = PrivateAttr()
+
+    def __init__(self, **kwargs: Any) -> None:
+        custom_messages = kwargs.get("messages_to_prompt")
+        custom_completion = kwargs.get("completion_to_prompt")
+        super().__init__(**kwargs)
+        self._engine = cacheblend.shared_engine(self.model, device=self.device, dtype=self.dtype)
+        # The defaults render the model's own chat template; user-given callables win.
+        if custom_messages is None:
+            self.messages_to_prompt = self._template_messages
+        if custom_completion is None:
+            self.completion_to_prompt = self._template_completion
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CacheBlendLLM"
+
+    @property
+    def engine(self) -> BlendEngine:
+        """The shared engine (the same object a KVCacheWarmer for this model warms)."""
+        return self._engine
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=self._engine.context_window,
+            num_output=self.max_new_tokens,
+            is_chat_model=self._engine.is_chat_model,
+            model_name=self._engine.name,
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        """The model's token ids for ``text`` (no special tokens added).
+
+        Pass it where LlamaIndex counts tokens (``Settings.tokenizer = llm.tokenize``, a
+        ``PromptHelper(tokenizer=...)``) so packing decisions use the model's own counts.
+        """
+        return list(self._engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def format_template(self, template: BasePromptTemplate, **kwargs: Any) -> str:
+        """The exact prompt string ``predict(template, **kwargs)`` sends to the model."""
+        if self.metadata.is_chat_model:
+            return self._chat_prompt(self._get_messages(template, **kwargs))
+        return self._completion_prompt(self._get_prompt(template, **kwargs), formatted=True)
+
+    # -- the one formatting path ----------------------------------------------------------------
+    def _template_messages(self, messages: Sequence[ChatMessage]) -> str:
+        rows = [{"role": _role(m), "content": _text(m, i)} for i, m in enumerate(messages)]
+        if not self._engine.is_chat_model:
+            return generic_messages_to_prompt(messages)
+        return self._engine.render_chat(rows)
+
+    def _template_completion(self, prompt: str) -> str:
+        if not self._engine.is_chat_model:
+            return prompt
+        system = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt)] if self.system_prompt else []
+        return self.messages_to_prompt([*system, ChatMessage(role=MessageRole.USER, content=prompt)])
+
+    def _completion_prompt(self, prompt: str, formatted: bool) -> str:
+        return prompt if formatted else self.completion_to_prompt(prompt)
+
+    def _chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
+        return self.messages_to_prompt(messages)
+
+    # -- the one generation path ----------------------------------------------------------------
+    def _options(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(overrides) - set(GENERATION_KEYS))
+        if unknown:
+            raise ValueError(f"unsupported generation argument(s) {unknown}; supported: {list(GENERATION_KEYS)}")
+        options = {key: getattr(self, key) for key in GENERATION_KEYS}
+        options.update(overrides)
+        return options
+
+    def _check_length(self, prompt: str) -> None:
+        n, window = self._engine.count_tokens(prompt), self._engine.context_window
+        if n >= window:
+            raise ValueError(
+                f"the prompt has {n} tokens but {self._engine.name} has a {window}-token context window; "
+                "retrieve fewer or smaller nodes (similarity_top_k, chunk_size) or use WholeChunkSynthesizer, "
+                "which drops whole nodes to fit"
+            )
+
+    def _generate(self, prompt: str, overrides: dict[str, Any]) -> CompletionResponse:
+        self._check_length(prompt)
+        result = self._engine.generate(prompt, **self._options(overrides))
+        return CompletionResponse(text=result.text, raw=usage_raw(result))
+
+    def _stream(self, prompt: str, overrides: dict[str, Any]) -> CompletionResponseGen:
+        """Validates now, computes lazily; the last response (empty delta) carries the usage."""
+        self._check_length(prompt)
+        stream = self._engine.stream(prompt, **self._options(overrides))
+
+        def responses() -> Iterator[CompletionResponse]:
+            text = ""
+            for piece in stream:
+                text += piece
+                yield CompletionResponse(text=text, delta=piece)
+            yield CompletionResponse(text=text, delta="", raw=usage_raw(stream.result))
+
+        return responses()
+
+    # -- LlamaIndex entry points ------------------------------------------------------------------
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._generate(self._completion_prompt(prompt, formatted), kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        return self._stream(self._completion_prompt(prompt, formatted), kwargs)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return _as_chat(self._generate(self._chat_prompt(messages), kwargs))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return (_as_chat(r) for r in self._stream(self._chat_prompt(messages), kwargs))
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return await asyncio.to_thread(self._generate, self._completion_prompt(prompt, formatted), kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        return iterate_in_thread(self._stream(self._completion_prompt(prompt, formatted), kwargs))
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return _as_chat(await asyncio.to_thread(self._generate, self._chat_prompt(messages), kwargs))
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        responses = iterate_in_thread(self._stream(self._chat_prompt(messages), kwargs))
+
+        async def chats() -> ChatResponseAsyncGen:
+            async for response in responses:
+                yield _as_chat(response)
+
+        return chats()
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def usage_raw(result: Generation) -> dict[str, Any]:
+    """``raw`` for a response: OpenAI-style ``usage`` (what LlamaIndex's token counting reads)
+    with the model's own counts, and the blend statistics under ``cacheblend``."""
+    stats = result.stats
+    usage = {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
+    }
+    return {"usage": usage, "cacheblend": stats.as_dict(), "finish_reason": stats.finish_reason}
+
+
+def blend_stats(response: CompletionResponse | ChatResponse | Any) -> BlendStats | None:
+    """The BlendStats of a CacheBlendLLM response (the last one of a stream), else None."""
+    raw = getattr(response, "raw", None)
+    if not isinstance(raw, dict) or "cacheblend" not in raw:
+        return None
+    return BlendStats(**raw["cacheblend"])
+
+
+def _as_chat(response: CompletionResponse) -> ChatResponse:
+    message = ChatMessage(role=MessageRole.ASSISTANT, content=response.text)
+    return ChatResponse(message=message, delta=response.delta, raw=response.raw)
+
+
+def _role(message: ChatMessage) -> str:
+    return message.role.value if isinstance(message.role, MessageRole) else str(message.role)
+
+
+def _text(message: ChatMessage, index: int) -> str:
+    """The message's text; a text-only model refuses images, audio and other blocks loudly."""
+    others = [type(b).__name__ for b in message.blocks if not isinstance(b, TextBlock)]
+    if others:
+        raise ValueError(f"message {index} has non-text content {others}; CacheBlendLLM serves text-only models")
+    return message.content or ""

@@ -1,0 +1,110 @@
+"""Fixtures for the LlamaIndex integration: the real bundled model, real FAISS, real embeddings.
+
+Everything heavy is session-scoped (the engine, the embedding model, one warmed and persisted
+FAISS index). The engine's memory KV store is process-wide, so tests that need chunks the engine
+has never seen build their own texts (see ``fresh_documents``).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import sys
+from pathlib import Path
+
+import pytest
+from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.callbacks import CallbackManager
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from li_corpus import DOCUMENTS  # noqa: E402
+from li_helpers import splitter  # noqa: E402
+
+from llama_index_cacheblend import (  # noqa: E402
+    BlendStatsHandler,
+    CacheBlendLLM,
+    KVCacheWarmer,
+    SentenceTransformerEmbedding,
+    faiss_storage_context,
+    kv_store_dir,
+    persist_index,
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.real_model)
+
+
+@pytest.fixture(scope="session")
+def llm() -> CacheBlendLLM:
+    return CacheBlendLLM(max_new_tokens=24)
+
+
+@pytest.fixture(scope="session")
+def embed_model() -> SentenceTransformerEmbedding:
+    return SentenceTransformerEmbedding()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def offline_settings(llm, embed_model):
+    """LlamaIndex falls back to OpenAI for anything not given; make every fallback local."""
+    Settings.llm = llm
+    Settings.embed_model = embed_model
+    yield
+
+
+@pytest.fixture
+def stats():
+    """Collects BlendStats of every LLM call, via the callback manager query engines use."""
+    handler = BlendStatsHandler()
+    Settings.callback_manager = CallbackManager([handler])
+    yield handler
+    Settings.callback_manager = CallbackManager([])
+
+
+@pytest.fixture(scope="session")
+def persisted(tmp_path_factory, llm, embed_model):
+    """(index, persist_dir): the corpus in FAISS, KV warmed into <persist_dir>/cacheblend, persisted."""
+    persist_dir = tmp_path_factory.mktemp("faiss_index")
+    warmer = KVCacheWarmer(store_dir=str(kv_store_dir(persist_dir)))
+    index = VectorStoreIndex.from_documents(
+        DOCUMENTS,
+        storage_context=faiss_storage_context(embed_model.dimension),
+        transformations=[splitter(), warmer],
+        embed_model=embed_model,
+    )
+    persist_index(index, persist_dir, llm.engine)
+    return index, persist_dir
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory, llm) -> str:
+    """A different (tiny, random) Llama model with the bundled tokenizer: its KV must never be reused."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("other_model")
+    tokenizer = llm.engine.tokenizer
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+

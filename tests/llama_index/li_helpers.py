@@ -1,0 +1,40 @@
+"""Helpers shared by the LlamaIndex tests (module name prefixed to stay unique on sys.path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from li_corpus import DOCUMENTS
+from llama_index.core import Document
+from llama_index.core.node_parser import SentenceSplitter
+
+CHUNK_SIZE = 512  # tokens; every corpus passage stays one node
+
+
+def splitter() -> SentenceSplitter:
+    return SentenceSplitter(chunk_size=CHUNK_SIZE, chunk_overlap=0)
+
+
+def fresh_documents(tag: str) -> list[Document]:
+    """The corpus with a tag in every title: texts no other test has warmed."""
+    return [Document(text=d.text, metadata={"title": f"{d.metadata['title']} ({tag})"}) for d in DOCUMENTS]
+
+
+def kv_files(root: Path) -> dict[str, int]:
+    """Every KV file under ``root`` -> its mtime in ns (to prove nothing was rewritten)."""
+    return {str(p): p.stat().st_mtime_ns for p in Path(root).rglob("*.safetensors")}
+
+
+def teacher_forced_agreement(engine, prompt: str, answer_ids: list[int], recompute_ratio=None) -> tuple[float, float]:
+    """(top-1 agreement, mean NLL) of ``answer_ids`` under a prefill of ``prompt`` at ``recompute_ratio``.
+
+    Every position is scored under the same prefix (the reference answer so far), so one early
+    flip does not make the rest of the comparison meaningless, unlike comparing free-running
+    greedy continuations.
+    """
+    logits = engine.prefill(prompt, recompute_ratio=recompute_ratio).continuation_logits(answer_ids)
+    logits, target = logits[: len(answer_ids)], torch.tensor(answer_ids)
+    agreement = (logits.argmax(-1) == target).float().mean().item()
+    nll = torch.nn.functional.cross_entropy(logits, target).item()
+    return agreement, nll

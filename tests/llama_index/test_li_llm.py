@@ -1,0 +1,116 @@
+"""CacheBlendLLM as a LlamaIndex LLM: metadata, one prompt path for every call form, async that
+does not block the loop, usage that LlamaIndex's token counting reads, and refused bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
+from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+
+from llama_index_cacheblend import CacheBlendLLM, blend_stats
+
+QUESTION = "Name three primary colours."
+MESSAGES = [ChatMessage(role=MessageRole.USER, content=QUESTION)]
+
+
+def test_metadata_comes_from_the_model_and_instances_share_one_engine(llm):
+    meta = llm.metadata
+    assert meta.context_window == llm.engine.context_window == 8192
+    assert meta.num_output == llm.max_new_tokens == 24
+    assert meta.is_chat_model is True and meta.model_name == "smollm2-135m-instruct"
+    other = CacheBlendLLM(max_new_tokens=5, recompute_ratio=1.0)
+    assert other.engine is llm.engine  # one set of weights, one memory KV store
+    assert other.metadata.num_output == 5
+
+
+def test_complete_and_chat_share_one_prompt_and_one_result(llm):
+    prompt = llm.engine.render_chat([{"role": "user", "content": QUESTION}])
+    assert llm.messages_to_prompt(MESSAGES) == prompt == llm.completion_to_prompt(QUESTION)
+
+    done = llm.complete(QUESTION)
+    streamed = list(llm.stream_complete(QUESTION))
+    chat = llm.chat(MESSAGES)
+    chat_streamed = list(llm.stream_chat(MESSAGES))
+    raw_formatted = llm.complete(prompt, formatted=True)
+
+    assert done.text and done.text == streamed[-1].text == chat.message.content == raw_formatted.text
+    assert "".join(r.delta for r in streamed) == done.text
+    assert "".join(r.delta for r in chat_streamed) == chat_streamed[-1].message.content == done.text
+    # usage rides on the final response of a stream (an empty delta) and equals the plain call's
+    assert streamed[-1].delta == "" and streamed[-1].raw["usage"] == done.raw["usage"]
+    assert chat.raw["usage"] == done.raw["usage"]
+    stats = blend_stats(done)
+    assert stats.prompt_tokens == len(llm.tokenize(prompt)) and stats.completion_tokens > 0
+
+
+async def test_async_forms_match_and_leave_the_event_loop_free(llm):
+    reference = llm.complete(QUESTION).text
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    started = time.perf_counter()
+    done = await llm.acomplete(QUESTION)
+    elapsed = time.perf_counter() - started
+    task.cancel()
+    # a blocked loop would not tick at all while the engine generates
+    assert ticks >= max(3, int(elapsed / 0.01 * 0.3)), (ticks, elapsed)
+
+    pieces = [r async for r in await llm.astream_complete(QUESTION)]
+    chat = await llm.achat(MESSAGES)
+    chat_pieces = [r async for r in await llm.astream_chat(MESSAGES)]
+    assert done.text == reference == pieces[-1].text == chat.message.content == chat_pieces[-1].message.content
+    assert "".join(r.delta for r in pieces) == reference
+    assert pieces[-1].raw["usage"]["prompt_tokens"] == done.raw["usage"]["prompt_tokens"]
+
+
+def test_token_counting_handler_reads_the_models_own_counts(llm):
+    """TokenCountingHandler falls back to its own tokenizer when raw has no usage; give it a
+    whitespace tokenizer so that only the model's counts in raw['usage'] can produce the numbers."""
+    counter = TokenCountingHandler(tokenizer=str.split)
+    own = CacheBlendLLM(max_new_tokens=12, callback_manager=CallbackManager([counter]))
+    done = own.complete(QUESTION)
+    list(own.stream_chat(MESSAGES))
+    usage = done.raw["usage"]
+    assert usage["prompt_tokens"] != len(own.completion_to_prompt(QUESTION).split())  # the fallback differs
+    events = counter.llm_token_counts
+    assert [e.prompt_token_count for e in events] == [usage["prompt_tokens"]] * 2
+    assert [e.completion_token_count for e in events] == [usage["completion_tokens"]] * 2
+    assert counter.total_llm_token_count == 2 * usage["total_tokens"]
+
+
+def test_generation_options_per_call_and_unknown_ones_refused(llm):
+    short = llm.complete(QUESTION, max_new_tokens=3)
+    assert blend_stats(short).completion_tokens <= 3
+    full = llm.complete(QUESTION, max_new_tokens=3, recompute_ratio=1.0)
+    assert blend_stats(full).reused_tokens == 0 and blend_stats(full).recompute_ratio == 1.0
+    with pytest.raises(ValueError, match="unsupported generation argument"):
+        llm.complete(QUESTION, frequency_penalty=0.5)
+
+
+def test_prompt_over_the_context_window_is_refused_before_any_compute(llm):
+    long_prompt = "word " * (llm.metadata.context_window + 100)
+    for call in (llm.complete, llm.stream_complete):
+        started = time.perf_counter()
+        with pytest.raises(ValueError, match="context window"):
+            call(long_prompt)  # the stream raises at the call, not on first iteration
+        assert time.perf_counter() - started < 2.0
+
+
+def test_non_text_chat_content_is_refused(llm):
+    png = bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
+    )
+    message = ChatMessage(role=MessageRole.USER, blocks=[TextBlock(text="What is this?"), ImageBlock(image=png)])
+    with pytest.raises(ValueError, match="non-text content"):
+        llm.chat([message])
