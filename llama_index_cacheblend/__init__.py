@@ -8,8 +8,8 @@
 """
 
 from .embeddings import SentenceTransformerEmbedding
-from .llm import CacheBlendLLM, blend_stats, usage_raw
-from .stats import BlendStatsHandler, LLMCall
+from .llm import CacheBlendLLM, ChatTemplate, UserTurn, blend_stats, usage_raw
+from .stats import BlendStatsHandler, LLMCall, record_blend_stats
 from .storage import (
     KV_SUBDIR,
     ForeignKVStoreWarning,
@@ -25,6 +25,7 @@ from .warmer import KVCacheWarmer, SkippedNodeWarning, llm_texts
 __all__ = [
     "BlendStatsHandler",
     "CacheBlendLLM",
+    "ChatTemplate",
     "DroppedNodesWarning",
     "ForeignKVStoreWarning",
     "KVCacheWarmer",
@@ -32,6 +33,7 @@ __all__ = [
     "LLMCall",
     "SentenceTransformerEmbedding",
     "SkippedNodeWarning",
+    "UserTurn",
     "WholeChunkSynthesizer",
     "attach_kv_store",
     "blend_stats",
@@ -40,5 +42,6 @@ __all__ = [
     "llm_texts",
     "load_faiss_index",
     "persist_index",
+    "record_blend_stats",
     "usage_raw",
 ]

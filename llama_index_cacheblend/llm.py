@@ -80,9 +80,9 @@ class CacheBlendLLM(CustomLLM):
         self._engine = cacheblend.shared_engine(self.model, device=self.device, dtype=self.dtype)
         # The defaults render the model's own chat template; user-given callables win.
         if custom_messages is None:
-            self.messages_to_prompt = self._template_messages
+            self.messages_to_prompt = ChatTemplate(self._engine)
         if custom_completion is None:
-            self.completion_to_prompt = self._template_completion
+            self.completion_to_prompt = UserTurn(self)
 
     @classmethod
     def class_name(cls) -> str:
@@ -117,18 +117,6 @@ class CacheBlendLLM(CustomLLM):
         return self._completion_prompt(self._get_prompt(template, **kwargs), formatted=True)
 
     # -- the one formatting path ----------------------------------------------------------------
-    def _template_messages(self, messages: Sequence[ChatMessage]) -> str:
-        rows = [{"role": _role(m), "content": _text(m, i)} for i, m in enumerate(messages)]
-        if not self._engine.is_chat_model:
-            return generic_messages_to_prompt(messages)
-        return self._engine.render_chat(rows)
-
-    def _template_completion(self, prompt: str) -> str:
-        if not self._engine.is_chat_model:
-            return prompt
-        system = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt)] if self.system_prompt else []
-        return self.messages_to_prompt([*system, ChatMessage(role=MessageRole.USER, content=prompt)])
-
     def _completion_prompt(self, prompt: str, formatted: bool) -> str:
         return prompt if formatted else self.completion_to_prompt(prompt)
 
@@ -212,6 +200,41 @@ class CacheBlendLLM(CustomLLM):
                 yield _as_chat(response)
 
         return chats()
+
+
+# -- default prompt formats (callables, so they can sit in LLM's messages/completion_to_prompt) --
+class ChatTemplate:
+    """``messages_to_prompt`` default: the model's own chat template, ending with the assistant
+    turn (role-prefixed lines for base models without a template)."""
+
+    def __init__(self, engine: BlendEngine) -> None:
+        self._engine = engine
+
+    def __call__(self, messages: Sequence[ChatMessage]) -> str:
+        if not self._engine.is_chat_model:
+            return generic_messages_to_prompt(messages)
+        return self._engine.render_chat([{"role": _role(m), "content": _text(m, i)} for i, m in enumerate(messages)])
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate({self._engine.name!r})"
+
+
+class UserTurn:
+    """``completion_to_prompt`` default: for chat models, the prompt as the user turn after the
+    LLM's ``system_prompt``, through its ``messages_to_prompt``; base models get the prompt as is."""
+
+    def __init__(self, llm: CacheBlendLLM) -> None:
+        self._llm = llm  # read at call time: system_prompt may change after construction
+
+    def __call__(self, prompt: str) -> str:
+        llm = self._llm
+        if not llm.engine.is_chat_model:
+            return prompt
+        system = [ChatMessage(role=MessageRole.SYSTEM, content=llm.system_prompt)] if llm.system_prompt else []
+        return llm.messages_to_prompt([*system, ChatMessage(role=MessageRole.USER, content=prompt)])
+
+    def __repr__(self) -> str:
+        return "UserTurn()"
 
 
 # -- helpers -------------------------------------------------------------------------------------

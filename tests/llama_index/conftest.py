@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from llama_index.core import Settings, VectorStoreIndex
-from llama_index.core.callbacks import CallbackManager
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -25,13 +24,13 @@ from li_corpus import DOCUMENTS  # noqa: E402
 from li_helpers import splitter  # noqa: E402
 
 from llama_index_cacheblend import (  # noqa: E402
-    BlendStatsHandler,
     CacheBlendLLM,
     KVCacheWarmer,
     SentenceTransformerEmbedding,
     faiss_storage_context,
     kv_store_dir,
     persist_index,
+    record_blend_stats,
 )
 
 
@@ -62,11 +61,9 @@ def offline_settings(llm, embed_model):
 
 @pytest.fixture
 def stats():
-    """Collects BlendStats of every LLM call, via the callback manager query engines use."""
-    handler = BlendStatsHandler()
-    Settings.callback_manager = CallbackManager([handler])
-    yield handler
-    Settings.callback_manager = CallbackManager([])
+    """Collects the BlendStats of every LLM call made during the test (instrumentation events)."""
+    with record_blend_stats() as handler:
+        yield handler
 
 
 @pytest.fixture(scope="session")
