@@ -21,16 +21,18 @@ from cacheblend.quality import answer_kl
 ANSWER_TOKENS = 24
 
 
-def rows_for(engine: BlendEngine, examples, configs: dict[str, BlendConfig]) -> dict[str, list]:
-    out: dict[str, list] = {name: [] for name in configs}
-    for ex in examples:
+def measure(examples, settings: dict[str, tuple[BlendEngine, BlendConfig]], reference: BlendEngine) -> dict:
+    """Setting name -> [(KL, recomputed share)] per example; full prefill computed once per example."""
+    out: dict[str, list] = {name: [] for name in settings}
+    for i, ex in enumerate(examples):
         req = dict(chunks=ex.passages, query=ex.question)
-        full = engine.prefill(**req, recompute_ratio=1.0)
-        ref = engine.generate(**req, recompute_ratio=1.0, max_new_tokens=ANSWER_TOKENS)
-        for name, cfg in configs.items():
+        full = reference.prefill(**req, recompute_ratio=1.0)
+        answer = reference.generate_from(full, max_new_tokens=ANSWER_TOKENS)
+        for name, (engine, cfg) in settings.items():
             pre = engine.prefill(**req, config=cfg)
-            kl = answer_kl(full, pre, ref.token_ids)
+            kl = answer_kl(full, pre, answer.token_ids)
             out[name].append((kl, pre.stats.recomputed_tokens / pre.stats.prompt_tokens))
+        print(f"  example {i + 1}/{len(examples)} done", flush=True)
     return out
 
 
@@ -55,29 +57,24 @@ def main() -> None:
     if args.musique:
         examples = load_musique(args.musique, args.chunks)[:50][: args.prompts]
     else:
-        examples = pydoc_workload(pydoc_passages(base.count_tokens), args.prompts, args.chunks, seed=1)
+        passages = [p for p in pydoc_passages(base.count_tokens) if base.count_tokens(p.text) >= 384]
+        examples = pydoc_workload(passages, args.prompts, args.chunks, seed=1)
     texts = sorted({p for ex in examples for p in ex.passages})
     started = time.time()
 
-    # 1. What each chunk is computed behind.
-    ctx_results = {}
+    engines = {}
     for context in ("none", "bos", "system"):
-        engine = BlendEngine(model, tok, config=BlendConfig(chunk_context=context))
-        engine.warm(texts)
-        for name, cfg in {"deviation(v) 15%": BlendConfig(chunk_context=context),
-                          "full reuse": BlendConfig(chunk_context=context, ratios=(0.0,))}.items():
-            ctx_results[f"context={context}, {name}"] = rows_for(engine, examples, {name: cfg})[name]
-    print(table("Chunk context (what each chunk's KV is computed behind)", ctx_results), "\n")
-
-    # 2. Selector, measure and check layers, with the chosen context.
-    engine = BlendEngine(model, tok)
-    engine.warm(texts)
-    configs = {
-        "full reuse (0%)": BlendConfig(ratios=(0.0,)),
+        engines[context] = BlendEngine(model, tok, config=BlendConfig(chunk_context=context))
+        engines[context].warm(texts)
+    engine = engines["system"]
+    settings = {}
+    for context, eng in engines.items():  # 1. what each chunk's KV is computed behind
+        settings[f"context={context}, deviation V 15%"] = (eng, BlendConfig(chunk_context=context))
+        settings[f"context={context}, full reuse"] = (eng, BlendConfig(chunk_context=context, ratios=(0.0,)))
+    sweep = {  # 2. selector, measure and check layers (context=system)
         "random 15%": BlendConfig(selector="random"),
         "chunk start 15%": BlendConfig(selector="chunk_start"),
         "deviation K, layer 1, 15%": BlendConfig(measure="k"),
-        "deviation V, layer 1, 15%": BlendConfig(measure="v"),
         "deviation KV, layer 1, 15%": BlendConfig(measure="kv"),
         "deviation V, layer 2, 15%": BlendConfig(check_layers=(2,)),
         "deviation V, layer 3, 15%": BlendConfig(check_layers=(3,)),
@@ -87,7 +84,9 @@ def main() -> None:
         "deviation V, layer 1, 5%": BlendConfig(ratios=(0.05,)),
         "deviation V, layer 1, 30%": BlendConfig(ratios=(0.3,)),
     }
-    print(table("Selector, measure and check layers (context=system)", rows_for(engine, examples, configs)))
+    settings.update({name: (engine, cfg) for name, cfg in sweep.items()})
+    results = measure(examples, settings, engine)
+    print(table("Chunk context, selector, measure and check layers", results))
     print(f"\n{len(examples)} prompts, {len(texts)} chunks, {time.time() - started:.0f} s")
 
 

@@ -155,6 +155,10 @@ class BlendEngine:
             self.finder.add(disk.texts())
             return disk
 
+    def chunk_keys(self, texts: Iterable[str]) -> list[ChunkKey]:
+        """The store keys of ``texts`` (no compute): e.g. to see which a store already holds."""
+        return [chunk_key(self.fingerprint, tokenize(self.tokenizer, clean_chunk(t))) for t in texts]
+
     def warm(
         self,
         texts: Iterable[str],

@@ -1,0 +1,209 @@
+"""``cacheblend bench``: TTFT and quality of full prefill, prefix caching, full reuse and CacheBlend.
+
+For each prompt (``chunks`` passages + a question, wrapped by the chat template) and method:
+
+- TTFT: the median of ``repeats`` runs of the time from the call to the first token's logits
+  (prefill + KV loading). For the blended methods the memory tier is emptied before every run,
+  so chunk KV is read from the disk store each time (what a fresh serving process sees).
+- KL: mean KL(full prefill || method) over the tokens of the full-prefill greedy answer.
+- F1 vs full: token F1 between the method's greedy answer and full prefill's.
+- F1 vs gold (MuSiQue): token F1 against the best gold answer.
+
+Speedups are ratios within one run: absolute times on shared CPUs are noisy, ratios much less so.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .blend import BlendInput, BlendOutput, blend_prefill
+from .config import BlendConfig
+from .datasets import QAExample
+from .engine import BlendEngine, Prefilled
+from .quality import answer_kl, best_f1, token_f1
+from .result import BlendStats
+from .selection import AllSelector
+from .store import MemoryStore
+
+QA_PREFIX = "Answer the question using the passages. Reply with a short answer only."
+
+
+@dataclass
+class MethodResult:
+    name: str
+    ratio: float | None
+    ttft_s: list[float] = field(default_factory=list)
+    load_s: list[float] = field(default_factory=list)
+    kl: list[float] = field(default_factory=list)
+    f1_full: list[float] = field(default_factory=list)
+    f1_gold: list[float] = field(default_factory=list)
+    recomputed_share: list[float] = field(default_factory=list)
+
+    def summary(self, full_ttft: float) -> dict:
+        ttft = statistics.median(self.ttft_s)
+        return {
+            "method": self.name,
+            "ratio": self.ratio,
+            "ttft_s": ttft,
+            "speedup": full_ttft / ttft,
+            "load_s": statistics.median(self.load_s),
+            "kl": statistics.mean(self.kl),
+            "f1_vs_full": statistics.mean(self.f1_full),
+            "f1_vs_gold": statistics.mean(self.f1_gold) if self.f1_gold else None,
+            "recomputed_share": statistics.mean(self.recomputed_share),
+        }
+
+
+def methods(engine: BlendEngine, ratios: tuple[float, ...]) -> dict[str, BlendConfig | None]:
+    """Method name -> config (None for the two non-blending baselines)."""
+    out: dict[str, BlendConfig | None] = {"full prefill": None, "prefix caching": None}
+    out["full reuse"] = BlendConfig(ratios=(0.0,), chunk_context=engine.config.chunk_context)
+    for r in ratios:
+        out[f"cacheblend {round(r * 100)}%"] = engine.config.with_ratio(r)
+    return out
+
+
+class PrefixCache:
+    """The prefix-caching baseline: an HF cache of the prompt's common leading tokens (the chat
+    template's header before the first chunk), computed once and copied into every request."""
+
+    def __init__(self, engine: BlendEngine, prefix_ids: list[int]) -> None:
+        self.engine, self.prefix_ids = engine, prefix_ids
+        ids = torch.tensor(prefix_ids, device=engine.adapter.device)
+        none = torch.zeros_like(ids, dtype=torch.bool)
+        inp = BlendInput(ids=ids, reused=none, cached=None, chunk_offsets=torch.zeros_like(ids))
+        self.kv = blend_prefill(engine.adapter, inp, AllSelector(), {}).kv
+
+    def prefill(self, ids: list[int]) -> Prefilled:
+        assert ids[: len(self.prefix_ids)] == self.prefix_ids, "prompt does not start with the cached prefix"
+        adapter, n0 = self.engine.adapter, len(self.prefix_ids)
+        started = time.perf_counter()
+        cache = adapter.make_cache([(k.clone(), v.clone()) for k, v in self.kv])
+        rest = torch.tensor([ids[n0:]], device=adapter.device)
+        logits = adapter.forward(rest, cache, n0)
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        n = len(ids)
+        stats = BlendStats(prompt_tokens=n, reused_tokens=n0, recomputed_tokens=n - n0, recompute_ratio=1.0)
+        stats.ttft_s = stats.prefill_s = time.perf_counter() - started
+        out = BlendOutput(kv=kv, logits=logits, recomputed=n - n0, active_per_layer=[])
+        return Prefilled(adapter, torch.tensor(ids, device=adapter.device), out, stats)
+
+
+def run(
+    engine: BlendEngine,
+    examples: list[QAExample],
+    *,
+    ratios: tuple[float, ...] = (0.05, 0.15, 0.30),
+    repeats: int = 3,
+    answer_tokens: int = 32,
+    log=print,
+) -> list[dict]:
+    """Runs every method on every example; returns one summary row per method."""
+    table = methods(engine, ratios)
+    results = {name: MethodResult(name, None if cfg is None else cfg.recompute_ratio) for name, cfg in table.items()}
+    results["full prefill"].ratio = 1.0
+    first = examples[0]
+    header = engine.segments(chunks=first.passages, query=first.question, prefix=QA_PREFIX)[0].text
+    prefix = PrefixCache(engine, engine.bos_ids + engine._tokenize(header))
+    for i, ex in enumerate(examples):
+        req = dict(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX)
+        full = _timed(lambda: engine.prefill(**req, recompute_ratio=1.0), repeats, results["full prefill"], None)
+        reference = engine.generate_from(full, max_new_tokens=answer_tokens)
+        ids = full.ids.tolist()
+        for name, cfg in table.items():
+            res = results[name]
+            if name == "full prefill":
+                pre, answer = full, reference
+            elif name == "prefix caching":
+                pre = _timed(lambda: prefix.prefill(ids), repeats, res, None)
+                answer = engine.generate_from(pre, max_new_tokens=answer_tokens)
+            else:
+                pre = _timed(lambda: engine.prefill(**req, config=cfg), repeats, res, engine)
+                answer = engine.generate_from(pre, max_new_tokens=answer_tokens)
+            res.kl.append(answer_kl(full, pre, reference.token_ids) if pre is not full else 0.0)
+            res.f1_full.append(token_f1(answer.text, reference.text))
+            if ex.answers:
+                res.f1_gold.append(best_f1(answer.text, ex.answers))
+            res.recomputed_share.append(pre.stats.recomputed_tokens / pre.stats.prompt_tokens)
+        log(f"[{i + 1}/{len(examples)}] {len(ids)} tokens; full {results['full prefill'].ttft_s[-1]:.2f}s")
+    full_ttft = statistics.median(results["full prefill"].ttft_s)
+    return [r.summary(full_ttft) for r in results.values()]
+
+
+def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) -> Prefilled:
+    """Runs ``make`` ``repeats`` times (after emptying the memory tier when ``engine`` is given);
+    records the median TTFT and load time; returns the last prefill."""
+    ttfts, loads = [], []
+    for _ in range(repeats):
+        if engine is not None and engine.stores.disks:
+            engine.stores.memory = MemoryStore(engine.stores.memory.max_bytes)
+        pre = make()
+        ttfts.append(pre.stats.ttft_s)
+        loads.append(pre.stats.load_s)
+    res.ttft_s.append(statistics.median(ttfts))
+    res.load_s.append(statistics.median(loads))
+    return pre
+
+
+def markdown(rows: list[dict], title: str) -> str:
+    gold = any(r["f1_vs_gold"] is not None for r in rows)
+    head = "| method | recomputed | TTFT (s) | speedup | KV load (s) | KL vs full | answer F1 vs full |"
+    lines = [f"**{title}**", "", head + (" F1 vs gold |" if gold else ""), "|" + "---|" * (7 + gold)]
+    for r in rows:
+        line = (
+            f"| {r['method']} | {r['recomputed_share']:.1%} | {r['ttft_s']:.3f} | {r['speedup']:.2f}x "
+            f"| {r['load_s']:.3f} | {r['kl']:.4f} | {r['f1_vs_full']:.3f} |"
+        )
+        lines.append(line + (f" {r['f1_vs_gold']:.3f} |" if gold else ""))
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """TTFT and quality against the recompute share, with the baselines marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    blend = [r for r in rows if r["method"].startswith("cacheblend") or r["method"] == "full reuse"]
+    blend.sort(key=lambda r: r["recomputed_share"])
+    xs = [100 * r["recomputed_share"] for r in blend]
+    ax1.plot(xs, [r["ttft_s"] for r in blend], "o-", label="cacheblend (full reuse at left)")
+    for r, style in ((_row(rows, "full prefill"), "r--"), (_row(rows, "prefix caching"), "k:")):
+        ax1.axhline(r["ttft_s"], linestyle=style[1:], color=style[0], label=r["method"])
+    ax1.set(xlabel="tokens recomputed (% of prompt)", ylabel="median TTFT (s)", title="Time to first token")
+    ax1.set_ylim(bottom=0)
+    ax1.legend()
+    ax2.plot(xs, [r["kl"] for r in blend], "o-", label="KL vs full prefill")
+    ax2.set(xlabel="tokens recomputed (% of prompt)", ylabel="mean KL", title="Quality")
+    ax3 = ax2.twinx()
+    ax3.plot(xs, [r["f1_vs_full"] for r in blend], "s--", color="tab:green", label="answer F1 vs full")
+    ax3.set_ylabel("answer F1 vs full prefill")
+    ax3.set_ylim(0, 1.05)
+    ax2.legend(loc="center right")
+    ax3.legend(loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _row(rows: list[dict], name: str) -> dict:
+    return next(r for r in rows if r["method"] == name)
+
+
+def save(rows: list[dict], out_dir: Path, title: str, meta: dict) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = markdown(rows, title)
+    (out_dir / "bench.md").write_text(md + "\n")
+    (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    plot(rows, out_dir / "bench.png", title)
+    return md
+

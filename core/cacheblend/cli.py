@@ -1,0 +1,207 @@
+"""The ``cacheblend`` command: demo, warm, ask, bench.
+
+    cacheblend demo                      index the pydoc corpus, warm its KV, answer questions
+    cacheblend warm DOCS --dir IDX       a folder of .txt/.md files or a .jsonl ({"text": ...}) into IDX
+    cacheblend ask "question" --dir IDX  retrieve from IDX, answer with blending (--compare: vs full prefill)
+    cacheblend bench [--dataset musique.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+DEMO_QUESTIONS = [
+    "How does the with statement use __enter__ and __exit__?",
+    "What happens to an exception raised inside the body of a with statement?",
+    "When are default parameter values of a function evaluated?",
+    "What does a yield expression do inside a generator function?",
+    "How does the for statement iterate over a sequence or iterator?",
+    "How does a try statement with a finally clause behave?",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"cacheblend: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cacheblend", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+
+    def common(sp, dir_default=None):
+        sp.add_argument("--model", default="smollm2-135m-instruct", help="HF id/path, .gguf file, or the bundled alias")
+        sp.add_argument("--device", default="auto")
+        sp.add_argument("--dir", default=dir_default, required=dir_default is None, help="index directory")
+        sp.add_argument("--max-tokens", type=int, default=512, help="passage size when splitting documents")
+
+    d = sub.add_parser("demo", help="index the pydoc corpus, warm its KV, answer questions")
+    common(d, ".cacheblend/demo")
+    d.add_argument("--top-k", type=int, default=6)
+    d.add_argument("--ratio", type=float, default=None)
+    d.add_argument("--questions", type=int, default=len(DEMO_QUESTIONS))
+    d.set_defaults(func=cmd_demo)
+
+    w = sub.add_parser("warm", help="index documents and warm their KV into the directory's store")
+    w.add_argument("source", help="a folder of .txt/.md files, or a .jsonl file with a 'text' field")
+    common(w)
+    w.set_defaults(func=cmd_warm)
+
+    a = sub.add_parser("ask", help="answer a question over an index with blending")
+    a.add_argument("question")
+    common(a)
+    a.add_argument("--top-k", type=int, default=6)
+    a.add_argument("--ratio", type=float, default=None)
+    a.add_argument("--max-new-tokens", type=int, default=128)
+    a.add_argument("--compare", action="store_true", help="also run a full prefill and compare")
+    a.set_defaults(func=cmd_ask)
+
+    b = sub.add_parser("bench", help="TTFT and quality: full prefill, prefix caching, full reuse, CacheBlend")
+    b.add_argument("--model", default="smollm2-135m-instruct")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--dataset", help="a MuSiQue-format JSON (default: prompts over the pydoc corpus)")
+    b.add_argument("--prompts", type=int, default=12, help="number of prompts (MuSiQue: first N examples)")
+    b.add_argument("--start", type=int, default=0, help="first example (MuSiQue)")
+    b.add_argument("--chunks", type=int, default=6)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--ratios", default="0.05,0.15,0.30")
+    b.add_argument("--out", default="bench_out")
+    b.add_argument("--store", default=None, help="KV store directory (default: OUT/store)")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def _engine(args, store_dir):
+    from .engine import BlendEngine
+
+    t = time.perf_counter()
+    engine = BlendEngine.from_pretrained(args.model, device=args.device, store_dir=store_dir)
+    print(f"model {engine.name} loaded in {time.perf_counter() - t:.1f}s ({engine.adapter.device})")
+    return engine
+
+
+def _build(engine, index_dir: Path, texts: list[str]) -> "PassageIndex":  # noqa: F821
+    """Adds ``texts`` to the index at ``index_dir`` and warms their KV into its store."""
+    from .index import KV_DIR, PassageIndex, default_embedder
+
+    embedder = default_embedder()
+    index = PassageIndex.load(index_dir, embedder) if PassageIndex.exists(index_dir) else PassageIndex(embedder)
+    t = time.perf_counter()
+    added = index.add(texts)
+    index.save(index_dir)
+    print(f"index: {added} new passages embedded ({len(index.texts)} in all) in {time.perf_counter() - t:.1f}s")
+    disk = engine.attach_store(index_dir / KV_DIR)
+    todo = sum(key not in disk for key in engine.chunk_keys(index.texts))
+    t = time.perf_counter()
+    engine.warm(index.texts, store_dir=index_dir / KV_DIR, progress=todo > 0)
+    print(f"KV store {index_dir / KV_DIR}: {todo} chunks computed, {len(index.texts) - todo} already stored "
+          f"({time.perf_counter() - t:.1f}s)")
+    return index
+
+
+def cmd_demo(args) -> int:
+    from .datasets import pydoc_passages
+    from .index import KV_DIR
+
+    index_dir = Path(args.dir)
+    engine = _engine(args, index_dir / KV_DIR)
+    passages = pydoc_passages(engine.count_tokens, args.max_tokens)
+    print(f"corpus: {len(passages)} passages from pydoc_data.topics (<= {args.max_tokens} tokens each)")
+    index = _build(engine, index_dir, [p.text for p in passages])
+    for q in DEMO_QUESTIONS[: args.questions]:
+        _answer(engine, index, q, args.top_k, args.ratio, 96, compare=True)
+    return 0
+
+
+def cmd_warm(args) -> int:
+    from .datasets import _pack
+
+    engine = _engine(args, None)
+    texts = _read_source(Path(args.source), lambda text: _pack(text, engine.count_tokens, args.max_tokens))
+    if not texts:
+        raise ValueError(f"no text found in {args.source}")
+    _build(engine, Path(args.dir), texts)
+    return 0
+
+
+def cmd_ask(args) -> int:
+    from .index import KV_DIR, PassageIndex, default_embedder
+
+    index_dir = Path(args.dir)
+    index = PassageIndex.load(index_dir, default_embedder())
+    engine = _engine(args, index_dir / KV_DIR)
+    _answer(engine, index, args.question, args.top_k, args.ratio, args.max_new_tokens, compare=args.compare)
+    return 0
+
+
+def _answer(engine, index, question: str, k: int, ratio, max_new_tokens: int, compare: bool) -> None:
+    chunks = index.search(question, k)
+    order = [index.texts.index(c) for c in chunks]
+    print(f"\nQ: {question}\n   retrieved passages (in prompt order): {order}")
+    out = engine.generate(chunks=chunks, query=question, max_new_tokens=max_new_tokens, recompute_ratio=ratio)
+    s = out.stats
+    print(f"A: {out.text.strip()}")
+    print(f"   blended: TTFT {s.ttft_s:.2f}s (KV load {s.load_s * 1000:.0f} ms), {s.prompt_tokens} prompt tokens: "
+          f"{s.reused_tokens} reused, {s.recomputed_tokens} recomputed; chunks {s.chunk_hits} hit, {s.chunk_misses} missed")
+    if compare:
+        full = engine.generate(chunks=chunks, query=question, max_new_tokens=max_new_tokens, recompute_ratio=1.0)
+        same = "same answer" if full.text.strip() == out.text.strip() else f"full-prefill answer: {full.text.strip()}"
+        print(f"   full prefill: TTFT {full.stats.ttft_s:.2f}s -> {full.stats.ttft_s / s.ttft_s:.1f}x faster "
+              f"with blending; {same}")
+
+
+def _read_source(path: Path, split) -> list[str]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in {".txt", ".md"} and p.is_file())
+        return [piece for f in files for piece in split(f.read_text(encoding="utf-8", errors="replace"))]
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if any("text" not in r for r in rows):
+            raise ValueError(f"{path}: every line needs a 'text' field")
+        return [r["text"] for r in rows if r["text"].strip()]
+    if path.is_file():
+        return split(path.read_text(encoding="utf-8", errors="replace"))
+    raise FileNotFoundError(f"{path} does not exist")
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+    from .datasets import load_musique, pydoc_passages, pydoc_workload
+
+    out = Path(args.out)
+    store = Path(args.store) if args.store else out / "store"
+    engine = _engine(args, store)
+    if args.dataset:
+        examples = load_musique(args.dataset, args.chunks)[args.start : args.start + args.prompts]
+        title = f"MuSiQue ({Path(args.dataset).name}, examples {args.start}-{args.start + len(examples) - 1})"
+    else:
+        # about 512 tokens each: the passages the packer filled at least three quarters
+        passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
+        examples = pydoc_workload(passages, args.prompts, args.chunks)
+        title = "pydoc corpus"
+    texts = sorted({p for ex in examples for p in ex.passages})
+    engine.warm(texts, store_dir=store, progress=True)
+    ratios = tuple(float(x) for x in args.ratios.split(","))
+    started = time.perf_counter()
+    rows = bench.run(engine, examples, ratios=ratios, repeats=args.repeats)
+    n_tokens = len(engine.token_ids(chunks=examples[0].passages, query=examples[0].question))
+    title = f"{title}: {len(examples)} prompts of {args.chunks} chunks (~{n_tokens} tokens), {engine.name}, {engine.adapter.device}"
+    meta = {"args": vars(args) | {"func": None}, "seconds": time.perf_counter() - started}
+    print("\n" + bench.save(rows, out, title, meta))
+    print(f"\nwrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
