@@ -6,32 +6,8 @@ is shared by every test here. Tests that must see a chunk *not* warmed yet use t
 uses (``fresh_texts``).
 """
 
-import itertools
-
 import pytest
-from langchain_core.documents import Document
-from pydoc_data.topics import topics
-
-# Passages of ~100-470 tokens each (SmolLM2 tokenizer); 8 of them index in a few seconds.
-TOPICS = ("assert", "booleans", "while", "augassign", "global", "del", "for", "break")
-
-_counter = itertools.count()
-
-
-def pydoc_documents(names=TOPICS) -> list[Document]:
-    return [Document(page_content=topics[name].strip(), metadata={"topic": name}) for name in names]
-
-
-def fresh_texts(n: int, tag: str) -> list[str]:
-    """``n`` short passages that no other test has warmed (unique per call)."""
-    run = next(_counter)
-    base = topics["pass"].strip()
-    return [f"[{tag} {run}.{i}] {base}" for i in range(n)]
-
-
-def format_docs(docs) -> str:
-    """What LangChain's RAG tutorials put into prompts: page contents joined by blank lines."""
-    return "\n\n".join(d.page_content for d in docs)
+from lc_helpers import pydoc_documents
 
 
 @pytest.fixture(scope="session")
