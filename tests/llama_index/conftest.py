@@ -47,6 +47,12 @@ def llm() -> CacheBlendLLM:
 
 
 @pytest.fixture(scope="session")
+def short_llm() -> CacheBlendLLM:
+    """Same engine, 8-token answers: for tests about what is reused, not about answer length."""
+    return CacheBlendLLM(max_new_tokens=8)
+
+
+@pytest.fixture(scope="session")
 def embed_model() -> SentenceTransformerEmbedding:
     return SentenceTransformerEmbedding()
 

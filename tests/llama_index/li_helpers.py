@@ -26,15 +26,15 @@ def kv_files(root: Path) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in Path(root).rglob("*.safetensors")}
 
 
-def teacher_forced_agreement(engine, prompt: str, answer_ids: list[int], recompute_ratio=None) -> tuple[float, float]:
-    """(top-1 agreement, mean NLL) of ``answer_ids`` under a prefill of ``prompt`` at ``recompute_ratio``.
+def answer_fidelity(reference, candidate, answer_ids: list[int]) -> tuple[float, float]:
+    """(top-1 agreement, mean KL(reference || candidate)) over a reference answer, teacher forced.
 
-    Every position is scored under the same prefix (the reference answer so far), so one early
-    flip does not make the rest of the comparison meaningless, unlike comparing free-running
-    greedy continuations.
+    ``reference`` and ``candidate`` are ``Prefilled`` prompts (``engine.prefill``). Every answer
+    position is scored under the same prefix (the reference answer so far), so one early flip
+    does not make the rest of the comparison meaningless, unlike free-running greedy texts.
     """
-    logits = engine.prefill(prompt, recompute_ratio=recompute_ratio).continuation_logits(answer_ids)
-    logits, target = logits[: len(answer_ids)], torch.tensor(answer_ids)
-    agreement = (logits.argmax(-1) == target).float().mean().item()
-    nll = torch.nn.functional.cross_entropy(logits, target).item()
-    return agreement, nll
+    p = reference.continuation_logits(answer_ids)[: len(answer_ids)].log_softmax(-1)  # [T, vocab]
+    q = candidate.continuation_logits(answer_ids)[: len(answer_ids)].log_softmax(-1)
+    agreement = (q.argmax(-1) == torch.tensor(answer_ids)).float().mean().item()
+    kl = (p.exp() * (p - q)).sum(-1).mean().item()
+    return agreement, kl

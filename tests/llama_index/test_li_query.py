@@ -7,7 +7,7 @@ import re
 
 import pytest
 from li_corpus import QUESTIONS
-from li_helpers import fresh_documents, splitter, teacher_forced_agreement
+from li_helpers import answer_fidelity, fresh_documents, splitter
 from llama_index.core import PromptHelper, VectorStoreIndex, get_response_synthesizer
 from llama_index.core.ingestion import IngestionPipeline
 from llama_index.core.llms import MockLLM
@@ -22,20 +22,15 @@ from llama_index_cacheblend import (
     llm_texts,
 )
 
-# Criterion for "the blended answer agrees with full prefill", on the full-prefill greedy answer
-# under teacher forcing: top-1 agreement >= 0.8 and mean NLL at most 0.35 nats/token above full
-# prefill's own. Free-running greedy texts diverge for good after a single early flip (often a
-# synonym), so whole-text equality measures chaos rather than cache fidelity; scoring every answer
-# position under the same prefix does not. Measured on this corpus with the bundled model: blends
-# at the default ratio score 0.78-1.0 / +0.03-0.29 nats, while the same question over an unrelated
-# passage scores 0.50-0.79 / +0.2-2.3 nats (the negative control below keeps the criterion honest).
-MIN_AGREEMENT, MAX_NLL_GAP = 0.8, 0.35
-
-
-def agrees_with_full_prefill(engine, prompt: str, answer_ids: list[int]) -> tuple[bool, float, float]:
-    _, full_nll = teacher_forced_agreement(engine, prompt, answer_ids, recompute_ratio=1.0)
-    agreement, nll = teacher_forced_agreement(engine, prompt, answer_ids)
-    return agreement >= MIN_AGREEMENT and nll - full_nll <= MAX_NLL_GAP, agreement, nll - full_nll
+# "The blended answer agrees with full prefill", scored on the full-prefill greedy answer under
+# teacher forcing: the blend picks the same top-1 token at >= 80% of its positions AND the mean
+# KL(full || blend) of the next-token distributions is <= 0.3 nats. Free-running greedy texts
+# are not compared: one early flip (often a synonym) sends the rest elsewhere, so text equality
+# measures chaos, not cache fidelity. Measured with the bundled model on the five corpus questions
+# (LlamaIndex's own prompts, ~870 tokens): at the default ratio 0.15, agreement 0.88-1.0 and KL
+# 0.04-0.18; full reuse (ratio 0) KL 0.08-0.29; the same answer over one unrelated passage KL
+# 0.29-2.1. The negative control below checks that the criterion rejects a wrong context.
+MIN_AGREEMENT, MAX_KL = 0.8, 0.3
 
 
 def sent_prompt(llm, call) -> str:
@@ -45,9 +40,9 @@ def sent_prompt(llm, call) -> str:
 def test_reordered_second_query_reuses_its_chunks_and_agrees_with_full_prefill(persisted, llm, stats):
     index, _ = persisted
     engine = llm.engine
-    query_engine = index.as_query_engine(llm=llm, similarity_top_k=5)  # default response mode: compact
-    first = query_engine.query(QUESTIONS[0])
-    second = query_engine.query(QUESTIONS[1])
+    # default response mode (compact); the first query only fixes an order, one token is enough
+    first = index.as_query_engine(llm=CacheBlendLLM(max_new_tokens=1), similarity_top_k=5).query(QUESTIONS[0])
+    second = index.as_query_engine(llm=llm, similarity_top_k=5).query(QUESTIONS[1])
     order = [[n.node.node_id for n in r.source_nodes] for r in (first, second)]
     assert set(order[0]) == set(order[1]) and order[0] != order[1]  # same nodes, another order
 
@@ -58,21 +53,26 @@ def test_reordered_second_query_reuses_its_chunks_and_agrees_with_full_prefill(p
 
     prompt = sent_prompt(llm, call)
     full = engine.generate(prompt, max_new_tokens=llm.max_new_tokens, recompute_ratio=1.0)
-    ok, agreement, gap = agrees_with_full_prefill(engine, prompt, full.token_ids)
-    assert ok, (agreement, gap, str(second), full.text)
+    reference = engine.prefill(prompt, recompute_ratio=1.0)
+    agreement, kl = answer_fidelity(reference, engine.prefill(prompt), full.token_ids)
+    print(f"reuse={call.stats.reused_tokens / chunk_tokens:.3f} agreement={agreement:.3f} kl={kl:.3f}")
+    print(f"blend: {second}\nfull:  {full.text}")
+    assert agreement >= MIN_AGREEMENT and kl <= MAX_KL, (agreement, kl, str(second), full.text)
 
-    # Negative control: the same answer scored over one unrelated passage fails the criterion.
+    # Negative control: the same answer over one unrelated passage fails the criterion.
     unrelated = llm_texts([second.source_nodes[-1].node])[0]
     template = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str=QUESTIONS[1])
-    wrong = llm.format_template(template, context_str=unrelated)
-    ok_wrong, *_ = agrees_with_full_prefill(engine, wrong, full.token_ids)
-    assert not ok_wrong
+    wrong = engine.prefill(llm.format_template(template, context_str=unrelated))
+    wrong_agreement, wrong_kl = answer_fidelity(reference, wrong, full.token_ids)
+    print(f"unrelated context: agreement={wrong_agreement:.3f} kl={wrong_kl:.3f}")
+    assert not (wrong_agreement >= MIN_AGREEMENT and wrong_kl <= MAX_KL)
 
 
-def test_compact_resplit_computes_the_cut_nodes_and_reuses_only_whole_ones(persisted, llm, stats):
+def test_compact_resplit_computes_the_cut_nodes_and_reuses_only_whole_ones(persisted, short_llm, stats):
     """A small PromptHelper window (refine keeps 500 tokens of padding) makes compact mode re-split
     the joined node texts into windows."""
     index, _ = persisted
+    llm = short_llm
     helper = PromptHelper(context_window=1100, num_output=24, chunk_overlap_ratio=0.0, tokenizer=llm.tokenize)
     synth = get_response_synthesizer(llm=llm, response_mode="compact", prompt_helper=helper)
     response = index.as_query_engine(llm=llm, similarity_top_k=5, response_synthesizer=synth).query(QUESTIONS[2])
@@ -88,8 +88,9 @@ def test_compact_resplit_computes_the_cut_nodes_and_reuses_only_whole_ones(persi
     assert cut and all(any(t[:40] in p for p in prompts) for t in cut)  # present, but altered
 
 
-def test_whole_chunk_synthesizer_sends_every_node_whole_in_one_call(persisted, llm, stats):
+def test_whole_chunk_synthesizer_sends_every_node_whole_in_one_call(persisted, short_llm, stats):
     index, _ = persisted
+    llm = short_llm
     engine = index.as_query_engine(llm=llm, similarity_top_k=5, response_synthesizer=WholeChunkSynthesizer(llm))
     response = engine.query(QUESTIONS[2])
     assert len(stats.calls) == 1
@@ -128,7 +129,8 @@ def test_whole_chunk_fit_drops_whole_nodes_in_order_when_room_is_short(persisted
         WholeChunkSynthesizer(MockLLM())
 
 
-def test_metadata_template_changed_after_warming_is_computed_not_reused(embed_model, llm, stats):
+def test_metadata_template_changed_after_warming_is_computed_not_reused(embed_model, short_llm, stats):
+    llm = short_llm
     nodes = IngestionPipeline(transformations=[splitter(), KVCacheWarmer()], disable_cache=True).run(
         documents=fresh_documents("template")[:3]
     )
