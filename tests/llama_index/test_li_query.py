@@ -105,6 +105,20 @@ def test_whole_chunk_synthesizer_sends_every_node_whole_in_one_call(persisted, s
     assert sent_prompt(llm, stats.calls[-1]) == prompt
 
 
+async def test_whole_chunk_synthesizer_async_paths_match_the_sync_answer(persisted, short_llm, stats):
+    index, _ = persisted
+    sync = index.as_query_engine(llm=short_llm, similarity_top_k=5, response_synthesizer=WholeChunkSynthesizer(short_llm))
+    expected = str(sync.query(QUESTIONS[0]))
+    plain = index.as_query_engine(llm=short_llm, similarity_top_k=5, response_synthesizer=WholeChunkSynthesizer(short_llm))
+    assert str(await plain.aquery(QUESTIONS[0])) == expected
+    streaming = index.as_query_engine(
+        llm=short_llm, similarity_top_k=5, response_synthesizer=WholeChunkSynthesizer(short_llm, streaming=True)
+    )
+    response = await streaming.aquery(QUESTIONS[0])
+    assert "".join([piece async for piece in response.async_response_gen()]) == expected
+    assert [c.stats.chunk_hits for c in stats.calls] == [5, 5, 5]
+
+
 def test_whole_chunk_fit_drops_whole_nodes_in_order_when_room_is_short(persisted):
     index, _ = persisted
     texts = llm_texts(index.docstore.docs.values())
