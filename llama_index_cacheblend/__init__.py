@@ -8,7 +8,7 @@
 """
 
 from .embeddings import SentenceTransformerEmbedding
-from .llm import CacheBlendLLM, ChatTemplate, UserTurn, blend_stats, usage_raw
+from .llm import CacheBlendLLM, ChatTemplate, blend_stats, usage_raw
 from .stats import BlendStatsHandler, LLMCall, record_blend_stats
 from .storage import (
     KV_SUBDIR,
@@ -33,7 +33,6 @@ __all__ = [
     "LLMCall",
     "SentenceTransformerEmbedding",
     "SkippedNodeWarning",
-    "UserTurn",
     "WholeChunkSynthesizer",
     "attach_kv_store",
     "blend_stats",

@@ -28,9 +28,10 @@ from llama_index.core.base.llms.types import (
     TextBlock,
 )
 from llama_index.core.base.llms.generic_utils import messages_to_prompt as generic_messages_to_prompt
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.llm import default_completion_to_prompt
 from llama_index.core.prompts import BasePromptTemplate
 
 from .threads import iterate_in_thread
@@ -75,14 +76,13 @@ class CacheBlendLLM(CustomLLM):
 
     def __init__(self, **kwargs: Any) -> None:
         custom_messages = kwargs.get("messages_to_prompt")
-        custom_completion = kwargs.get("completion_to_prompt")
         super().__init__(**kwargs)
         self._engine = cacheblend.shared_engine(self.model, device=self.device, dtype=self.dtype)
-        # The defaults render the model's own chat template; user-given callables win.
-        if custom_messages is None:
-            self.messages_to_prompt = ChatTemplate(self._engine)
-        if custom_completion is None:
-            self.completion_to_prompt = UserTurn(self)
+        if custom_messages is None:  # the model's own chat template; a user-given callable wins
+            self.messages_to_prompt = ChatTemplate(self.model, self.device, self.dtype)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return state_without_engine(self)
 
     @classmethod
     def class_name(cls) -> str:
@@ -118,7 +118,14 @@ class CacheBlendLLM(CustomLLM):
 
     # -- the one formatting path ----------------------------------------------------------------
     def _completion_prompt(self, prompt: str, formatted: bool) -> str:
-        return prompt if formatted else self.completion_to_prompt(prompt)
+        """``formatted``: used as is. Otherwise a user-given ``completion_to_prompt`` applies; by
+        default a chat model gets the prompt as the user turn after ``system_prompt``."""
+        if formatted:
+            return prompt
+        if self.completion_to_prompt is not default_completion_to_prompt or not self._engine.is_chat_model:
+            return self.completion_to_prompt(prompt)
+        system = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt)] if self.system_prompt else []
+        return self._chat_prompt([*system, ChatMessage(role=MessageRole.USER, content=prompt)])
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         return self.messages_to_prompt(messages)
@@ -202,13 +209,18 @@ class CacheBlendLLM(CustomLLM):
         return chats()
 
 
-# -- default prompt formats (callables, so they can sit in LLM's messages/completion_to_prompt) --
+# -- the default messages_to_prompt ----------------------------------------------------------------
 class ChatTemplate:
     """``messages_to_prompt`` default: the model's own chat template, ending with the assistant
-    turn (role-prefixed lines for base models without a template)."""
+    turn (role-prefixed lines for base models without a template).
 
-    def __init__(self, engine: BlendEngine) -> None:
-        self._engine = engine
+    Pickles as its engine's key (model, device, dtype), so copies and unpickled LLMs get the
+    process's shared engine back.
+    """
+
+    def __init__(self, model: str, device: str = "auto", dtype: str | None = None) -> None:
+        self._key = (model, device, dtype)
+        self._engine = cacheblend.shared_engine(model, device=device, dtype=dtype)
 
     def __call__(self, messages: Sequence[ChatMessage]) -> str:
         if not self._engine.is_chat_model:
@@ -216,28 +228,25 @@ class ChatTemplate:
         return self._engine.render_chat([{"role": _role(m), "content": _text(m, i)} for i, m in enumerate(messages)])
 
     def __repr__(self) -> str:
-        return f"ChatTemplate({self._engine.name!r})"
+        return f"ChatTemplate({self._key[0]!r})"
 
-
-class UserTurn:
-    """``completion_to_prompt`` default: for chat models, the prompt as the user turn after the
-    LLM's ``system_prompt``, through its ``messages_to_prompt``; base models get the prompt as is."""
-
-    def __init__(self, llm: CacheBlendLLM) -> None:
-        self._llm = llm  # read at call time: system_prompt may change after construction
-
-    def __call__(self, prompt: str) -> str:
-        llm = self._llm
-        if not llm.engine.is_chat_model:
-            return prompt
-        system = [ChatMessage(role=MessageRole.SYSTEM, content=llm.system_prompt)] if llm.system_prompt else []
-        return llm.messages_to_prompt([*system, ChatMessage(role=MessageRole.USER, content=prompt)])
-
-    def __repr__(self) -> str:
-        return "UserTurn()"
+    def __reduce__(self) -> tuple:
+        return (ChatTemplate, self._key)
 
 
 # -- helpers -------------------------------------------------------------------------------------
+def state_without_engine(component: BaseModel) -> dict[str, Any]:
+    """Pickle state of a component minus its ``_engine``, on copies.
+
+    The engine is per process (``__init__`` gets it back from the public fields on unpickling)
+    and holds locks; left in, pickle would serialise the weights before failing, and
+    ``BaseComponent.__getstate__`` deletes what fails to pickle from the live object's fields.
+    """
+    state = BaseModel.__getstate__(component)
+    private = {k: v for k, v in (state.get("__pydantic_private__") or {}).items() if k != "_engine"}
+    return {**state, "__dict__": dict(state["__dict__"]), "__pydantic_private__": private}
+
+
 def usage_raw(result: Generation) -> dict[str, Any]:
     """``raw`` for a response: OpenAI-style ``usage`` (what LlamaIndex's token counting reads)
     with the model's own counts, and the blend statistics under ``cacheblend``."""

@@ -34,6 +34,8 @@ from cacheblend import BlendEngine
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
+from .llm import state_without_engine
+
 # Identifies this process's memory store in cache keys (a constant, never mutated).
 _PROCESS_MEMORY = f"memory:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
@@ -101,6 +103,12 @@ class KVCacheWarmer(TransformComponent):
             self.store_dir = str(Path(self.store_dir).resolve())
             self._engine.attach_store(self.store_dir)
         self.kv_location = f"disk:{self.store_dir}" if self.store_dir else _PROCESS_MEMORY
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Settings only: an IngestionPipeline with num_workers > 1 pickles its transforms, and each
+        worker process gets its own engine back from them (use ``store_dir`` then: KV computed
+        in a worker's memory is lost with the worker)."""
+        return state_without_engine(self)
 
     @classmethod
     def class_name(cls) -> str:
