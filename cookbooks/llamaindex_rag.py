@@ -19,7 +19,9 @@
 # this runs offline), warms the KV during ingestion, and compares time to first token (TTFT) of
 # the same LlamaIndex query engine with and without reuse.
 #
-# Run it: `.venv/bin/python cookbooks/llamaindex_rag.py` (a few minutes on 2 CPU cores).
+# Run it: `.venv/bin/python cookbooks/llamaindex_rag.py` (about two minutes on 2 CPU cores). On a
+# machine busy with other work, `OMP_NUM_THREADS=1` gives steadier timings: two torch threads
+# competing with other processes for two cores slow every prefill down several times.
 
 # %%
 import os
