@@ -18,7 +18,7 @@ engine's ``fingerprint`` (model weights, tokenizer, KV dtype, chunk context) and
 (the store directory, or this process's memory) as public fields: a cache entry written for
 another model, another store or another process's memory does not match, and the warmer runs.
 The pipeline hashes nodes by their ``MetadataMode.ALL`` content, so a change that alters only the
-LLM text (``excluded_llm_metadata_keys``, ``metadata_template``) still hits the cache and skips
+LLM text (``excluded_llm_metadata_keys``) still hits the cache and skips
 the warmer: those nodes are computed at query time (correct, slower) until ``warmer.warm(nodes)``
 or a run with the cache disabled.
 """
