@@ -84,19 +84,19 @@ class CacheBlendParams(BaseModel):
         "A call's own `stop` replaces these.",
     )
 
-    _engine: Any = PrivateAttr(default=None)
+    _engine: Any = PrivateAttr(default=None)  # (model, device, dtype) -> the shared engine
 
     def get_engine(self, model: str | None = None) -> BlendEngine:
         """The shared engine for ``model`` (default: this instance's), loaded on first use."""
-        if model is not None and model != self.model:
-            import cacheblend
+        import cacheblend
 
-            return cacheblend.shared_engine(model, device=self.device, dtype=self.dtype)
-        if self._engine is None:
-            import cacheblend
-
-            self._engine = cacheblend.shared_engine(self.model, device=self.device, dtype=self.dtype)
-        return self._engine
+        key = (model or self.model, self.device, self.dtype)
+        if self._engine is not None and self._engine[0] == key:
+            return self._engine[1]
+        engine = cacheblend.shared_engine(key[0], device=self.device, dtype=self.dtype)
+        if key[0] == self.model:
+            self._engine = (key, engine)
+        return engine
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids from the model's own tokenizer (LangChain's default would fetch GPT-2's)."""

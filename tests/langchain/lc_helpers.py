@@ -17,9 +17,13 @@ def pydoc_documents(names=TOPICS) -> list[Document]:
 
 
 def fresh_texts(n: int, tag: str) -> list[str]:
-    """``n`` short passages that no other test has warmed (unique per call)."""
+    """``n`` short passages (~100 tokens) that no other test has warmed (unique per call).
+
+    None contains a whole pydoc topic: the engine would find a warmed topic inside it and count
+    a hit (correctly), so the base text is the "pass" topic with its lines in reverse order.
+    """
     run = next(_counter)
-    base = topics["pass"].strip()
+    base = "\n".join(reversed(topics["pass"].strip().splitlines()))
     return [f"[{tag} {run}.{i}] {base}" for i in range(n)]
 
 

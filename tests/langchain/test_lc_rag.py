@@ -37,7 +37,7 @@ from langchain_cacheblend.chat_models import to_chat_messages
 pytestmark = pytest.mark.real_model
 
 QUESTION = "What does the assert statement do when optimization is requested?"
-MAX_TOKENS = 24
+MAX_TOKENS = 16
 HERE = Path(__file__).parent
 
 
