@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,7 +42,7 @@ from .prompt import (
 )
 from .result import BlendStats, Generation
 from .selection import Selector, make_selector
-from .store import ChunkKV, DiskStore, MemoryStore, StoreChain
+from .store import ChunkKV, DiskStore, MemoryStore, StoreChain, StoreWarning
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -152,12 +153,26 @@ class BlendEngine:
         """Reads chunk KV from (and learns the chunk texts of) the disk store at ``store_dir``."""
         with self._lock:
             disk = self.stores.attach(DiskStore(store_dir, self.fingerprint))
+            others = [fp for fp in DiskStore.fingerprints(store_dir) if not self.fingerprint.startswith(fp)]
+            if others and not disk.dir.is_dir():
+                warnings.warn(
+                    f"the KV store at {store_dir} holds only KV written for other models or settings "
+                    f"({', '.join(others)}); every chunk will be computed",
+                    StoreWarning,
+                    stacklevel=2,
+                )
             self.finder.add(disk.texts())
             return disk
 
     def chunk_keys(self, texts: Iterable[str]) -> list[ChunkKey]:
         """The store keys of ``texts`` (no compute): e.g. to see which a store already holds."""
         return [chunk_key(self.fingerprint, tokenize(self.tokenizer, clean_chunk(t))) for t in texts]
+
+    def is_warm(self, text: str) -> bool:
+        """Whether the KV of ``text`` is in memory or an attached store (no compute)."""
+        (key,) = self.chunk_keys([text])
+        with self._lock:
+            return key in self.stores
 
     def warm(
         self,
@@ -287,9 +302,7 @@ class BlendEngine:
             asm = assemble(
                 segments, self._tokenize, None if full else self._lookup, self.bos_ids, self.adapter.device
             )
-        n = asm.input.ids.shape[0]
-        if n >= self.context_window:
-            raise ValueError(f"the prompt has {n} tokens; the model's context window is {self.context_window}")
+        self._check_length(asm.input.ids.shape[0])
         selector = self.selector if self.selector is not None and config is None else make_selector(cfg)
         t = time.perf_counter()
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule())
@@ -297,6 +310,10 @@ class BlendEngine:
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started
         return Prefilled(self.adapter, asm.input.ids, out, stats)
+
+    def _check_length(self, n: int) -> None:
+        if n >= self.context_window:
+            raise ValueError(f"the prompt has {n} tokens; the model's context window is {self.context_window}")
 
     def _tokenize(self, text: str) -> list[int]:
         return tokenize(self.tokenizer, text)
@@ -337,6 +354,7 @@ class BlendEngine:
         """
         segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
         decoding = _Decoding(max_new_tokens, Sampling(temperature, top_p, top_k, seed), stop)
+        self._check_length(sum(len(self._tokenize(s.text)) for s in segments) + len(self.bos_ids))
         return GenerationStream(self, lambda t0: self._prefill(segments, recompute_ratio, None, t0), decoding)
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:

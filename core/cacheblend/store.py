@@ -111,6 +111,14 @@ class DiskStore:
         self._catalogue = self.dir / "catalogue.jsonl"
         self._writable = True
 
+    @staticmethod
+    def fingerprints(root: str | os.PathLike) -> list[str]:
+        """The (16-character) fingerprint prefixes that have a store under ``root``."""
+        base = Path(root)
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if p.is_dir() and len(p.name) == 16)
+
     def path(self, key: str) -> Path:
         return self.dir / "kv" / key[:2] / f"{key}.safetensors"
 

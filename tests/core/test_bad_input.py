@@ -113,3 +113,9 @@ def test_with_ratio_scales_a_gradual_schedule():
     assert cfg.with_ratio(0.05).ratios == pytest.approx((0.1, 0.05))
     assert cfg.with_ratio(1.0).ratios == (1.0, 1.0)
     assert cfg.with_ratio(0.0).schedule() == {0: 0.0}
+
+
+def test_stream_rejects_an_over_long_prompt_at_the_call(make_engine):
+    engine = make_engine()
+    with pytest.raises(ValueError, match="context window"):
+        engine.stream(prompt="word " * engine.context_window)  # no next() needed

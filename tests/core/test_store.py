@@ -143,3 +143,15 @@ def test_torn_catalogue_line_is_skipped(tmp_path):
     with open(store.dir / "catalogue.jsonl", "a") as f:
         f.write('{"text": "torn')
     assert list(store.texts()) == ["whole"]
+
+
+def test_store_of_another_model_warns_on_attach_and_misses(make_engine, tmp_path):
+    writer = make_engine("llama")
+    text = "A passage warmed by one model and read by another."
+    writer.warm([text], store_dir=tmp_path)
+    reader = make_engine("qwen3")
+    with pytest.warns(StoreWarning, match="other models"):
+        reader.attach_store(tmp_path)
+    assert DiskStore.fingerprints(tmp_path) == [writer.fingerprint[:16]]
+    pre = reader.prefill(chunks=[text], query="q", recompute_ratio=0.0)
+    assert pre.stats.chunk_hits == 0 and not reader.is_warm(text) and writer.is_warm(text)
