@@ -147,7 +147,8 @@ for q in QUESTIONS:
 
 print(f"{'prompt':>6} {'cold s':>7} {'warm s':>7} {'speedup':>7} {'hits':>4} {'cache_read':>10}  question")
 for r in rows:
-    print(f"{r['prompt_tokens']:6d} {r['cold_ttft']:7.2f} {r['warm_ttft']:7.2f} {r['cold_ttft'] / r['warm_ttft']:6.1f}x "
+    speedup = r["cold_ttft"] / r["warm_ttft"]
+    print(f"{r['prompt_tokens']:6d} {r['cold_ttft']:7.2f} {r['warm_ttft']:7.2f} {speedup:6.1f}x "
           f"{r['hits']:2d}/{r['hits'] + r['misses']} {r['cache_read'] / r['prompt_tokens']:9.0%}   {r['question']}")
 hits = sum(r["hits"] for r in rows)
 lookups = sum(r["hits"] + r["misses"] for r in rows)

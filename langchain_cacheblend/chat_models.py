@@ -116,7 +116,12 @@ class ChatCacheBlend(CacheBlendParams, BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model": self.model, "device": self.device, "dtype": self.dtype, "recompute_ratio": self.recompute_ratio}
+        return {
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "recompute_ratio": self.recompute_ratio,
+        }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
         return {**self.ls_params(stop, kwargs), "ls_model_type": "chat"}

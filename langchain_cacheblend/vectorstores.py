@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from cacheblend import BlendEngine
 
 KV_FOLDER = "cacheblend"
+Metas = Iterable[dict] | None  # FAISS's own parameter types, named once
+Ids = list[str] | None
+Pairs = Iterable[tuple[str, list[float]]]
 MANIFEST_FORMAT = 1
 
 
@@ -81,22 +84,19 @@ class CacheBlendFAISS(FAISS):
         return [d for d in docs if isinstance(d, Document)]
 
     # -- adding: FAISS first (it validates), then warming --------------------------------------
-    def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None, ids: list[str] | None = None,
-                  **kwargs: Any) -> list[str]:
+    def add_texts(self, texts: Iterable[str], metadatas: Metas = None, ids: Ids = None, **kwargs: Any) -> list:
         texts = list(texts)
         added = super().add_texts(texts, metadatas=metadatas, ids=ids, **kwargs)
         self.warm(texts)
         return added
 
-    async def aadd_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None,
-                         ids: list[str] | None = None, **kwargs: Any) -> list[str]:
+    async def aadd_texts(self, texts: Iterable[str], metadatas: Metas = None, ids: Ids = None, **kwargs: Any) -> list:
         texts = list(texts)
         added = await super().aadd_texts(texts, metadatas=metadatas, ids=ids, **kwargs)
         await run_in_executor(None, self.warm, texts)
         return added
 
-    def add_embeddings(self, text_embeddings: Iterable[tuple[str, list[float]]], metadatas: list[dict] | None = None,
-                       ids: list[str] | None = None, **kwargs: Any) -> list[str]:
+    def add_embeddings(self, text_embeddings: Pairs, metadatas: Metas = None, ids: Ids = None, **kwargs: Any) -> list:
         pairs = list(text_embeddings)
         added = super().add_embeddings(pairs, metadatas=metadatas, ids=ids, **kwargs)
         self.warm(t for t, _ in pairs)
@@ -108,24 +108,23 @@ class CacheBlendFAISS(FAISS):
         self.warm(d.page_content for d in docs if isinstance(d, Document))
 
     @classmethod
-    def from_texts(cls, texts: list[str], embedding: Embeddings, metadatas: list[dict] | None = None,
-                   ids: list[str] | None = None, **kwargs: Any) -> CacheBlendFAISS:
+    def from_texts(cls, texts: list[str], embedding: Embeddings, metadatas: Metas = None, ids: Ids = None,
+                   **kwargs: Any) -> CacheBlendFAISS:
         texts = list(texts)
         store = super().from_texts(texts, embedding, metadatas=metadatas, ids=ids, **kwargs)
         store.warm(texts)
         return store
 
     @classmethod
-    async def afrom_texts(cls, texts: list[str], embedding: Embeddings, metadatas: list[dict] | None = None,
-                          ids: list[str] | None = None, **kwargs: Any) -> CacheBlendFAISS:
+    async def afrom_texts(cls, texts: list[str], embedding: Embeddings, metadatas: Metas = None, ids: Ids = None,
+                          **kwargs: Any) -> CacheBlendFAISS:
         texts = list(texts)
         store = await super().afrom_texts(texts, embedding, metadatas=metadatas, ids=ids, **kwargs)
         await run_in_executor(None, store.warm, texts)
         return store
 
     @classmethod
-    def from_embeddings(cls, text_embeddings: Iterable[tuple[str, list[float]]], embedding: Embeddings,
-                        metadatas: Iterable[dict] | None = None, ids: list[str] | None = None,
+    def from_embeddings(cls, text_embeddings: Pairs, embedding: Embeddings, metadatas: Metas = None, ids: Ids = None,
                         **kwargs: Any) -> CacheBlendFAISS:
         pairs = list(text_embeddings)
         store = super().from_embeddings(pairs, embedding, metadatas=metadatas, ids=ids, **kwargs)
@@ -133,9 +132,8 @@ class CacheBlendFAISS(FAISS):
         return store
 
     @classmethod
-    async def afrom_embeddings(cls, text_embeddings: Iterable[tuple[str, list[float]]], embedding: Embeddings,
-                               metadatas: Iterable[dict] | None = None, ids: list[str] | None = None,
-                               **kwargs: Any) -> CacheBlendFAISS:
+    async def afrom_embeddings(cls, text_embeddings: Pairs, embedding: Embeddings, metadatas: Metas = None,
+                               ids: Ids = None, **kwargs: Any) -> CacheBlendFAISS:
         # FAISS's own version runs the sync one on the event loop; warming must not.
         return await run_in_executor(
             None, lambda: cls.from_embeddings(text_embeddings, embedding, metadatas=metadatas, ids=ids, **kwargs)

@@ -20,9 +20,12 @@ from langchain_cacheblend import CacheBlendFAISS, ChatCacheBlend, SentenceTransf
 def main(folder: str, question: str, max_tokens: int) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        store = CacheBlendFAISS.load_local(folder, SentenceTransformerEmbeddings(), allow_dangerous_deserialization=True)
+        store = CacheBlendFAISS.load_local(
+            folder, SentenceTransformerEmbeddings(), allow_dangerous_deserialization=True
+        )
     held_after_load = len(store.engine.stores.memory)
-    message = rag_chain(store.as_retriever(search_kwargs={"k": 4}), ChatCacheBlend(max_tokens=max_tokens)).invoke(question)
+    chain = rag_chain(store.as_retriever(search_kwargs={"k": 4}), ChatCacheBlend(max_tokens=max_tokens))
+    message = chain.invoke(question)
     print(json.dumps({
         "answer": message.content,
         "usage": message.usage_metadata,

@@ -9,11 +9,11 @@ Agreement with full prefill is measured two ways, both on the answer of the Lang
   0.43-0.67 over such prompts, first 4 tokens equal in every case).
 * distribution level: mean KL(full prefill || blend) of the next-token distributions along the
   full-prefill answer (teacher forcing, no compounding) is below 0.1 (the handbook expects
-  0.03-0.05; measured 0.02-0.03 here) AND below half the KL of a control that must fail: a full
-  prefill of the same question over four *other* passages (measured ~0.11). The answers of a
-  135M model are generic enough that a wrong context alone stays near 0.1, so the absolute bound
-  by itself would prove little; the relative one says the blend is much closer to the right
-  context than a wrong context is.
+  0.03-0.05; measured 0.009 and 0.012 here) AND below half the KL of a control that must fail: a
+  full prefill of the same question over four *other* passages (measured 0.10 and 0.24). The
+  answers of a 135M model are generic enough that a wrong context alone can stay near 0.1, so the
+  absolute bound by itself would prove little; the relative one says the blend is much closer to
+  the right context than a wrong context is.
 """
 
 import json
@@ -77,6 +77,7 @@ def test_chain_reuses_chunks_in_any_order_and_agrees_with_full_prefill(order, en
     wrong = engine.prefill(prompt_string(engine, others, QUESTION), recompute_ratio=1.0)
     kl_blend = answer_kl(full_prefill, engine.prefill(prompt), full.token_ids)
     kl_wrong = answer_kl(full_prefill, wrong, full.token_ids)
+    print(f"KL(full || blend) = {kl_blend:.4f}, KL(full || wrong context) = {kl_wrong:.4f}")
     assert kl_blend < 0.1 and kl_blend < kl_wrong / 2, (kl_blend, kl_wrong)
 
 
@@ -128,7 +129,8 @@ def test_saved_index_is_reused_by_a_new_process_without_warming(tmp_path, engine
 
     assert there["held_after_load"] == 0 and there["load_warnings"] == []  # nothing computed at load
     assert there["stats"]["chunk_hits"] == 4 and there["stats"]["chunk_misses"] == 0  # all read from disk
-    assert there["usage"]["input_token_details"]["cache_read"] == here.usage_metadata["input_token_details"]["cache_read"]
+    read = there["usage"]["input_token_details"]["cache_read"]
+    assert read == here.usage_metadata["input_token_details"]["cache_read"] > 0
     assert there["answer"] == here.content  # the same KV (fp16 on disk == in memory): the same answer
     now = {p: p.stat().st_mtime_ns for p in (tmp_path / "cacheblend").rglob("*") if p.is_file()}
     assert now == files  # nothing written: no file added, none rewritten

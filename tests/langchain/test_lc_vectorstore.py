@@ -24,7 +24,8 @@ pytestmark = pytest.mark.real_model
 def lookup(engine, texts):
     """(chunk hits, chunk misses) of a prompt holding ``texts``."""
     content = "Notes:\n\n" + "\n\n".join(texts)
-    stats = engine.prefill(engine.render_chat([{"role": "system", "content": content}, {"role": "user", "content": "?"}])).stats
+    messages = [{"role": "system", "content": content}, {"role": "user", "content": "?"}]
+    stats = engine.prefill(engine.render_chat(messages)).stats
     return stats.chunk_hits, stats.chunk_misses
 
 
@@ -155,13 +156,14 @@ def test_kv_store_of_another_model_is_never_reused(tmp_path, engine, embeddings,
     messages = [("system", "Notes:\n\n" + "\n\n".join(texts)), ("human", "?")]
     tiny_chat = ChatCacheBlend(model=tiny_model_dir, max_tokens=1)
 
-    with pytest.warns(UserWarning, match="2 document.*query time"):
+    # The engine says the store holds only another model's KV; the vector store, what it does about it.
+    with pytest.warns(StoreWarning, match="other models"), pytest.warns(UserWarning, match="2 document.*query time"):
         CacheBlendFAISS.load_local(tmp_path, embeddings, allow_dangerous_deserialization=True,
                                    engine=tiny_model_dir, warm_missing=False)
     stats = tiny_chat.invoke(messages).response_metadata["blend_stats"]
     assert stats["chunk_hits"] == 0 and stats["reused_tokens"] == 0  # computed, not read
 
-    with pytest.warns(UserWarning, match="2 document.*warming"):
+    with pytest.warns(StoreWarning, match="other models"), pytest.warns(UserWarning, match="2 document.*warming"):
         CacheBlendFAISS.load_local(tmp_path, embeddings, allow_dangerous_deserialization=True, engine=tiny_model_dir)
     assert tiny_chat.invoke(messages).response_metadata["blend_stats"]["chunk_hits"] == 2  # its own KV now
     assert kv_files(tmp_path) | bundled_files == kv_files(tmp_path) and len(kv_files(tmp_path)) == 4
@@ -174,7 +176,8 @@ def test_kv_store_of_another_model_is_never_reused(tmp_path, engine, embeddings,
 def test_torn_kv_file_is_recomputed_with_a_warning(tmp_path, embeddings, tiny_model_dir):
     """Fresh engines (empty memory) on the tiny model, so the torn file is really read."""
     texts = fresh_texts(2, "torn-file")
-    CacheBlendFAISS.from_texts(texts, embeddings, engine=BlendEngine.from_pretrained(tiny_model_dir)).save_local(tmp_path)
+    writer = BlendEngine.from_pretrained(tiny_model_dir)
+    CacheBlendFAISS.from_texts(texts, embeddings, engine=writer).save_local(tmp_path)
     victim = sorted(kv_files(tmp_path))[0]
     victim.write_bytes(victim.read_bytes()[: os.path.getsize(victim) // 2])
     reader = BlendEngine.from_pretrained(tiny_model_dir)
