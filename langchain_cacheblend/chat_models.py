@@ -134,6 +134,14 @@ class ChatCacheBlend(CacheBlendParams, BaseChatModel):
             "parse the text output instead, e.g. with a LangChain output parser"
         )
 
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence | None = None) -> int:
+        """Exactly the prompt tokens the model will see: the messages through its chat template
+        (``trim_messages(..., token_counter=llm)`` then counts what really matters)."""
+        if tools:
+            raise NotImplementedError("ChatCacheBlend does not support tool calling")
+        engine = self.get_engine()
+        return len(engine.token_ids(engine.render_chat(to_chat_messages(messages))))
+
     def _events(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict) -> Iterator:
         chat = to_chat_messages(messages)  # validated before the engine is loaded
 

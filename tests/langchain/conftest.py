@@ -36,15 +36,13 @@ def rag_store(corpus, embeddings, engine):
     return CacheBlendFAISS.from_documents(corpus, embeddings)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, bundled_dir):
-    """Another real model (a tiny random Llama with the bundled tokenizer and chat template), saved
-    as a folder: its KV must never be confused with the bundled model's."""
+def _save_tiny_model(path, bundled_dir, chat_template: bool) -> str:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    path = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = AutoTokenizer.from_pretrained(str(bundled_dir))
+    if not chat_template:
+        tokenizer.chat_template = None
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -60,3 +58,16 @@ def tiny_model_dir(tmp_path_factory, bundled_dir):
     LlamaForCausalLM(config).save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, bundled_dir):
+    """Another real model (a tiny random Llama with the bundled tokenizer and chat template), saved
+    as a folder: its KV must never be confused with the bundled model's."""
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-llama"), bundled_dir, chat_template=True)
+
+
+@pytest.fixture(scope="session")
+def base_model_dir(tmp_path_factory, bundled_dir):
+    """A tiny random Llama whose tokenizer has no chat template (a base model)."""
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-base"), bundled_dir, chat_template=False)

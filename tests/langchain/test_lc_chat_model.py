@@ -154,9 +154,12 @@ def test_usage_reports_cache_read_and_blend_stats(engine):
     assert full.response_metadata["blend_stats"]["recompute_ratio"] == 1.0
 
 
-def test_get_num_tokens_uses_the_models_tokenizer(engine):
+def test_token_counts_use_the_models_tokenizer_and_template(engine):
     text = "CacheBlend reuses KV caches."
-    assert ChatCacheBlend().get_num_tokens(text) == engine.count_tokens(text)
+    model = ChatCacheBlend(max_tokens=1)
+    assert model.get_num_tokens(text) == engine.count_tokens(text)
+    counted = model.get_num_tokens_from_messages(QUESTION)
+    assert counted == model.invoke(QUESTION).usage_metadata["input_tokens"]  # what the model really read
 
 
 @pytest.mark.parametrize(
@@ -193,3 +196,15 @@ def test_a_prompt_over_the_context_window_is_refused_before_compute(engine):
     long = "token " * (engine.context_window + 10)
     with pytest.raises(ValueError, match="context window"):
         ChatCacheBlend(max_tokens=2).invoke(long)
+
+
+def test_a_base_model_without_chat_template_is_for_the_llm_class(base_model_dir):
+    from langchain_cacheblend import CacheBlendLLM
+
+    with pytest.raises(ValueError, match="no chat template; use CacheBlendLLM"):
+        ChatCacheBlend(model=base_model_dir, max_tokens=1).invoke("hi")
+    llm = CacheBlendLLM(model=base_model_dir, max_tokens=2)
+    info = llm.generate(["Once upon a time"]).generations[0][0].generation_info
+    engine = llm.get_engine()
+    assert not engine.is_chat_model
+    assert info["usage"]["input_tokens"] == len(engine.token_ids("Once upon a time"))  # sent raw

@@ -47,6 +47,9 @@ ADDERS = {
     "add_texts": lambda texts, emb, seed: seed.add_texts(texts),
     "add_embeddings": lambda texts, emb, seed: seed.add_embeddings(list(zip(texts, emb.embed_documents(texts)))),
     "merge_from": lambda texts, emb, seed: seed.merge_from(FAISS.from_texts(texts, emb)),
+    "deserialize_from_bytes": lambda texts, emb, seed: CacheBlendFAISS.deserialize_from_bytes(
+        FAISS.from_texts(texts, emb).serialize_to_bytes(), emb, allow_dangerous_deserialization=True
+    ),
 }
 
 
