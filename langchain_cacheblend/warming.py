@@ -25,9 +25,15 @@ if TYPE_CHECKING:
     from cacheblend import BlendEngine
 
 
+# Shorter texts are not warmed. They are a few tokens (nothing to save), and the engine finds
+# warmed texts anywhere in a prompt, even inside words: a warmed "bar" would split every later
+# prompt holding "barrier" into "...", "bar", "rier..." and change its tokenization.
+MIN_CHARS = 32
+
+
 def warmable(texts: Iterable[str]) -> list[str]:
-    """The texts worth warming: non-empty after stripping (blank documents have no KV to reuse)."""
-    return [t for t in texts if isinstance(t, str) and t.strip()]
+    """The texts worth warming: at least ``MIN_CHARS`` characters after stripping."""
+    return [t for t in texts if isinstance(t, str) and len(t.strip()) >= MIN_CHARS]
 
 
 def warm_texts(
@@ -37,7 +43,7 @@ def warm_texts(
     store_dir: str | Path | None = None,
     progress: bool | None = None,
 ) -> int:
-    """Warms ``texts`` (skipping blank ones); returns how many were warmed.
+    """Warms ``texts`` (skipping blank and very short ones); returns how many were warmed.
 
     The engine validates every text before computing anything, so one text longer than the
     model's context window would stop the whole batch; such texts are skipped one by one with a

@@ -87,13 +87,16 @@ def test_search_metadata_and_ids_are_plain_faiss(corpus, embeddings):
     assert [d.page_content for d in stored] == [d.page_content for d in corpus]
 
 
-def test_blank_and_oversized_documents_are_indexed_but_not_warmed(engine, embeddings):
+def test_blank_tiny_and_oversized_documents_are_indexed_but_not_warmed(engine, embeddings):
     normal = fresh_texts(1, "normal")
     oversized = "word " * (engine.context_window + 100)
     with pytest.warns(UserWarning, match="exceeds the context window"):
-        store = CacheBlendFAISS.from_texts(["", "   \n", oversized, *normal], embeddings)
-    assert store.index.ntotal == 4
+        store = CacheBlendFAISS.from_texts(["", "   \n", "ferry", oversized, *normal], embeddings)
+    assert store.index.ntotal == 5
     assert lookup(engine, normal) == (1, 0)
+    # A warmed "ferry" would be found inside "ferryman" and split that prompt mid-word.
+    prompt = engine.render_chat([{"role": "user", "content": "The ferryman waits."}])
+    assert not any(segment.chunk for segment in engine.segments(prompt))
 
 
 def test_save_local_writes_faiss_files_and_a_pickle_free_kv_store(tmp_path, engine, embeddings):
