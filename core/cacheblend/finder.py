@@ -8,7 +8,7 @@ reuse.
 
 An index maps the first ``ANCHOR`` characters of every chunk to the chunks starting with them;
 a scan looks the prompt up at every offset and verifies candidates in full. Overlapping matches
-resolve left to right, longest first.
+resolve left to right, longest first, and a match never cuts a word in two.
 """
 
 from __future__ import annotations
@@ -75,6 +75,14 @@ class ChunkFinder:
             if not bucket:
                 continue
             for text in bucket:  # longest first
-                if prompt.startswith(text, i):
+                if prompt.startswith(text, i) and _on_boundaries(prompt, i, i + len(text)):
                     return text
         return None
+
+
+def _on_boundaries(prompt: str, start: int, end: int) -> bool:
+    """False when the match would cut a word (letters or digits run on across either end):
+    "cat" is not found in "concatenate", so a short chunk never splits another text's words."""
+    cuts_left = start > 0 and prompt[start - 1].isalnum() and prompt[start].isalnum()
+    cuts_right = end < len(prompt) and prompt[end - 1].isalnum() and prompt[end].isalnum()
+    return not (cuts_left or cuts_right)

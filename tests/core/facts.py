@@ -1,32 +1,74 @@
-"""A small fictional-fact lookup set for the real-model tests (facts the model cannot know)."""
+"""A fictional-fact lookup set for the real-model tests: facts the model cannot know.
 
-FILLER = (
-    "Visitors often remark on the narrow streets, the slate roofs and the smell of bread in the "
-    "early morning. The local council publishes a short newsletter every season, and most "
-    "families have lived in the area for several generations. "
-)
+Each passage describes one invented town: a fact sentence among descriptive sentences drawn
+(deterministically) from a pool, so no two passages share long identical spans.
+"""
+
+import random
+
+POOL = [
+    "{t} sits on a low hill above a wide valley of barley fields.",
+    "Most houses in {t} are built of grey stone with steep slate roofs.",
+    "A narrow road winds from {t} down to the coast in long switchbacks.",
+    "The people of {t} are known for their patience and their dry humour.",
+    "In winter the lanes of {t} are quiet, and smoke rises from every chimney.",
+    "Travellers reach {t} by an old coach road lined with poplars.",
+    "Several families in {t} still keep bees in painted wooden hives.",
+    "The town hall of {t} has a small museum of farm tools on its ground floor.",
+    "Local musicians in {t} play fiddles at weddings that last until dawn.",
+    "A weekly newspaper printed in {t} reports on weather, harvests and births.",
+    "Children in {t} learn to swim in a cold pond behind the old mill.",
+    "The main square of {t} is shaded by three enormous chestnut trees.",
+    "Every spring the orchards around {t} turn white with blossom.",
+    "Walkers praise the footpaths of {t} for their views of distant mountains.",
+    "An old stone well in {t} is said never to have run dry.",
+    "The inn of {t} serves a thick soup of beans and smoked pork.",
+    "Shepherds bring their flocks through {t} twice a year.",
+    "The library of {t} keeps a collection of handwritten weather diaries.",
+    "Fog often gathers in the streets of {t} on autumn mornings.",
+    "A retired teacher in {t} gives free lessons in astronomy.",
+]
 
 FACTS = [
-    ("Brannock", "The lighthouse of Brannock was painted {v} in 1904.", "What colour was the lighthouse of Brannock painted?", "green"),
-    ("Quillmere", "The mayor of Quillmere is a retired sailor named {v}.", "What is the name of the mayor of Quillmere?", "Odile Farrant"),
-    ("Tessaly Vale", "The only bridge in Tessaly Vale has {v} arches.", "How many arches does the bridge in Tessaly Vale have?", "seven"),
-    ("Dunmarrow", "The market in Dunmarrow is famous for selling {v}.", "What is the market in Dunmarrow famous for selling?", "blue cheese"),
-    ("Korrin Bay", "Fishermen of Korrin Bay mostly catch {v}.", "What do the fishermen of Korrin Bay mostly catch?", "mackerel"),
-    ("Ashgrove", "The school in Ashgrove was founded by {v}.", "Who founded the school in Ashgrove?", "Helena Brisk"),
-    ("Pellworth", "The river through Pellworth is called the {v}.", "What is the river through Pellworth called?", "Sorrel"),
-    ("Vantmoor", "The clock tower of Vantmoor is {v} metres tall.", "How tall is the clock tower of Vantmoor?", "forty"),
-    ("Ellisford", "The yearly fair in Ellisford takes place in {v}.", "In which month is the yearly fair in Ellisford?", "November"),
-    ("Carrowdale", "The church bell of Carrowdale was cast in the city of {v}.", "In which city was the church bell of Carrowdale cast?", "Ghent"),
-    ("Minsk Hollow", "The baker of Minsk Hollow is known for a pie made with {v}.", "What is the pie of the baker of Minsk Hollow made with?", "rhubarb"),
-    ("Orlen Cross", "The train station of Orlen Cross opened in the year {v}.", "In which year did the train station of Orlen Cross open?", "1887"),
+    ("Brannock", "The lighthouse of {t} was painted {v} in 1904.", "What colour was the lighthouse of Brannock painted?", ["green"]),
+    ("Quillmere", "The mayor of {t} is a retired sailor named {v}.", "What is the name of the mayor of Quillmere?", ["Odile Farrant"]),
+    ("Tessaly Vale", "The only bridge in {t} has {v} arches.", "How many arches does the bridge in Tessaly Vale have?", ["seven", "7"]),
+    ("Dunmarrow", "The market in {t} is famous for selling {v}.", "What is the market in Dunmarrow famous for selling?", ["blue cheese"]),
+    ("Korrin Bay", "Fishermen of {t} mostly catch {v}.", "What do the fishermen of Korrin Bay mostly catch?", ["mackerel"]),
+    ("Ashgrove", "The school in {t} was founded by {v}.", "Who founded the school in Ashgrove?", ["Helena Brisk"]),
+    ("Pellworth", "The river through {t} is called the {v}.", "What is the river through Pellworth called?", ["Sorrel"]),
+    ("Vantmoor", "The clock tower of {t} is {v} metres tall.", "How tall is the clock tower of Vantmoor?", ["forty", "40"]),
+    ("Ellisford", "The yearly fair in {t} takes place in {v}.", "In which month is the yearly fair in Ellisford?", ["November"]),
+    ("Carrowdale", "The church bell of {t} was cast in the city of {v}.", "In which city was the church bell of Carrowdale cast?", ["Ghent"]),
+    ("Minsk Hollow", "The baker of {t} is known for a pie made with {v}.", "What is the pie of the baker of Minsk Hollow made with?", ["rhubarb"]),
+    ("Orlen Cross", "The train station of {t} opened in the year {v}.", "In which year did the train station of Orlen Cross open?", ["1887"]),
+    ("Fairhollow", "The football club of {t} plays in {v} shirts.", "What colour are the shirts of the football club of Fairhollow?", ["orange"]),
+    ("Greyhaven", "The oldest tree in {t} is a {v} planted by monks.", "What kind of tree is the oldest tree in Greyhaven?", ["yew"]),
+    ("Lorrimer", "The founder of {t} was a merchant called {v}.", "Who was the founder of Lorrimer?", ["Anselm Pike"]),
+    ("Hatherby", "The bakery in {t} opens at {v} every morning.", "At what time does the bakery in Hatherby open?", ["five", "5"]),
+    ("Wrenfield", "The castle ruins near {t} belonged to the {v} family.", "Which family owned the castle ruins near Wrenfield?", ["Marlowe"]),
+    ("Stonecrop", "The pond in {t} is home to a pair of {v}.", "What animals live in the pond of Stonecrop?", ["swans", "swan"]),
+    ("Bramblecote", "The chief export of {t} is {v}.", "What is the chief export of Bramblecote?", ["wool"]),
+    ("Ironmere", "The mine at {t} closed in {v}.", "When did the mine at Ironmere close?", ["1962"]),
+    ("Silverdell", "The annual race in {t} is run on {v}.", "On what is the annual race in Silverdell run?", ["stilts"]),
+    ("Oakhurst", "The doctor of {t} is a woman named {v}.", "What is the name of the doctor of Oakhurst?", ["Mira Castell"]),
+    ("Puddlestone", "The inn at {t} is called the {v}.", "What is the inn at Puddlestone called?", ["Crooked Lantern"]),
+    ("Thornbury Edge", "The town's emblem in {t} is a {v}.", "What is the emblem of Thornbury Edge?", ["heron"]),
 ]
 
 
 def passage(index: int) -> str:
-    place, template, _, value = FACTS[index]
-    return f"{place} is a small town. {FILLER}{template.format(v=value)} {FILLER}"
+    town, template, _, answers = FACTS[index]
+    rng = random.Random(index)
+    filler = [s.format(t=town) for s in rng.sample(POOL, 6)]
+    fact = template.format(t=town, v=answers[0])
+    return " ".join(filler[:3] + [fact] + filler[3:])
 
 
-def question(index: int) -> tuple[str, str]:
-    _, _, q, a = FACTS[index]
-    return q, a
+def question(index: int) -> tuple[str, list[str]]:
+    _, _, q, answers = FACTS[index]
+    return q, answers
+
+
+def correct(answer: str, answers: list[str]) -> bool:
+    return any(a.lower() in answer.lower() for a in answers)

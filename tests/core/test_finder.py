@@ -10,7 +10,7 @@ C = "Gamma"  # shorter than the anchor
 
 def test_finds_chunks_in_any_order_template_and_separators():
     finder = ChunkFinder([A, B, C])
-    for sep in ["\n\n", "\n---\n", " | ", "", "<doc>"]:
+    for sep in ["\n\n", "\n---\n", " | ", "\n", "<doc>"]:
         prompt = f"<|sys|>Context:{sep}{B}{sep}{A}{sep}{C}{sep}Question: why?"
         spans = finder.find(prompt)
         assert [s.text for s in spans] == [B, A, C]
@@ -46,3 +46,10 @@ def test_longest_match_wins_when_chunks_share_a_start():
 
 def test_empty_finder_and_prompt():
     assert ChunkFinder().find("anything") == [] and ChunkFinder([A]).find("") == []
+
+
+def test_short_chunk_is_not_found_inside_a_word():
+    finder = ChunkFinder(["cat", "42"])
+    assert finder.find("concatenate 1420") == []
+    assert [s.text for s in finder.find("a cat, 42.")] == ["cat", "42"]
+    assert [s.text for s in finder.find("cat")] == ["cat"]
