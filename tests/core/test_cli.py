@@ -1,0 +1,62 @@
+"""The ``cacheblend`` command end to end on the real model, each run in a new process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.real_model
+
+DOCS = {
+    "tides.txt": "The harbour of Brest sees tides of up to seven metres. Fishing boats leave at high water "
+    "and return on the next tide, and the harbour master rings a bell one hour before low water.",
+    "bells.txt": "The bell of the harbour church was recast in 1911 after a storm cracked it. It rings the "
+    "hours from six in the morning until ten at night, and twice for every wedding.",
+    "ferries.md": "Ferries to the islands leave from the north quay. In winter only the morning ferry "
+    "runs, and it waits for the mail van from the station before casting off.",
+}
+
+
+def cacheblend(*args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-m", "cacheblend.cli", *args], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_warm_then_ask_then_warm_again_reuses_the_store(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, text in DOCS.items():
+        (docs / name).write_text(text)
+    first = cacheblend("warm", str(docs), "--dir", "idx", cwd=tmp_path)
+    assert "3 chunks computed, 0 already stored" in first
+    answer = cacheblend("ask", "When does the winter ferry leave?", "--dir", "idx", "--top-k", "3",
+                        "--max-new-tokens", "24", "--compare", cwd=tmp_path)
+    assert "chunks 3 hit, 0 missed" in answer and "full prefill: TTFT" in answer
+    again = cacheblend("warm", str(docs), "--dir", "idx", cwd=tmp_path)
+    assert "0 new passages" in again and "0 chunks computed, 3 already stored" in again
+    lines = (tmp_path / "idx" / "passages.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["text"] for x in lines) == sorted(DOCS.values())
+
+
+def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-m", "cacheblend.cli", "ask", "q", "--dir", "missing"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "holds no index" in out.stderr
+
+
+def test_bench_writes_table_json_and_plot(tmp_path):
+    text = cacheblend("bench", "--prompts", "1", "--chunks", "2", "--repeats", "1", "--ratios", "0.15",
+                      "--out", "b", cwd=tmp_path)
+    assert "| cacheblend 15% |" in text and "| full prefill | 100.0% |" in text
+    rows = json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]
+    by = {r["method"]: r for r in rows}
+    assert set(by) == {"full prefill", "prefix caching", "full reuse", "cacheblend 15%"}
+    assert by["full prefill"]["kl"] == 0 and by["full prefill"]["speedup"] == 1
+    assert by["full reuse"]["recomputed_share"] < by["cacheblend 15%"]["recomputed_share"] < 0.3
+    assert (tmp_path / "b" / "bench.png").stat().st_size > 10_000
