@@ -5,10 +5,12 @@ rendered with the model's own chat template into one prompt string, and the engi
 texts of warmed documents inside it wherever the chain put them (system message, user message,
 any order, any separators). Documents that were never warmed are simply computed.
 
-Streaming: ``BaseChatModel.stream()`` (and ``invoke`` when it decides to stream) fires
-``on_llm_new_token`` itself for every chunk ``_stream`` yields, so ``_stream`` must not; the
-non-streaming ``_generate`` path fires it here. Either way each piece of text reaches the
-callbacks exactly once.
+Token callbacks, exactly once per text piece on every path (langchain-core 1.8): ``stream()``,
+``astream()`` and ``invoke`` when it decides to stream fire ``on_llm_new_token`` themselves for
+each chunk ``_stream`` yields and call ``_stream`` WITHOUT a run manager; the v3 protocol path
+(``stream_events(version="v3")``) passes one and fires only ``on_stream_event``. So ``_stream``
+fires the token callback exactly when it is handed a run manager (which also matches older
+langchain-core, where ``stream()`` passed it and fired nothing), and ``_generate`` always does.
 """
 
 from __future__ import annotations
@@ -175,7 +177,10 @@ class ChatCacheBlend(CacheBlendParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         for event in self._events(messages, stop, kwargs):
-            yield _last(event) if isinstance(event, Finished) else _piece(event)
+            chunk = _last(event) if isinstance(event, Finished) else _piece(event)
+            if run_manager and not isinstance(event, Finished):
+                run_manager.on_llm_new_token(event, chunk=chunk)  # protocol path only: see the docstring
+            yield chunk
 
     # -- async: the engine runs in a worker thread; the event loop stays free --------------------
     async def _agenerate(
@@ -200,7 +205,10 @@ class ChatCacheBlend(CacheBlendParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         async for event in aiterate(_deferred(self._events, messages, stop, kwargs)):
-            yield _last(event) if isinstance(event, Finished) else _piece(event)
+            chunk = _last(event) if isinstance(event, Finished) else _piece(event)
+            if run_manager and not isinstance(event, Finished):
+                await run_manager.on_llm_new_token(event, chunk=chunk)
+            yield chunk
 
 
 def _deferred(fn: Callable[..., Iterator], *args: Any) -> Callable[[], Iterator]:

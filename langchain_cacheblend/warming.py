@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 
 # Shorter texts are not warmed. They are a few tokens (nothing to save), and the engine finds
-# warmed texts anywhere in a prompt, even inside words: a warmed "bar" would split every later
-# prompt holding "barrier" into "...", "bar", "rier..." and change its tokenization.
+# warmed texts wherever they stand in a prompt as whole words: a warmed "bar" would be cut out of
+# every later prompt saying "the bar is open", changing that prompt's tokenization (" bar" is one
+# token in running text, "bar" after a separate " " is two).
 MIN_CHARS = 32
 
 

@@ -106,6 +106,10 @@ def test_token_callbacks_fire_exactly_once_per_piece_on_every_path():
     batch = model.batch([QUESTION, [HumanMessage("Name a colour.")]], config={"callbacks": [rec]})
     assert sorted(rec.texts()) == sorted(m.content for m in batch)
 
+    rec = TokenRecorder()  # the v3 protocol path hands _stream a run manager and fires no tokens itself
+    events = model.stream_events(QUESTION, version="v3", config={"callbacks": [rec]})
+    assert list(events) and rec.texts() == [events.output.text] == [out.content]
+
 
 async def test_async_paths_fire_callbacks_once_and_keep_the_loop_free():
     model = ChatCacheBlend(max_tokens=6)
@@ -129,6 +133,9 @@ async def test_async_paths_fire_callbacks_once_and_keep_the_loop_free():
         rec = TokenRecorder()
         both = await model.abatch([QUESTION, QUESTION], config={"callbacks": [rec]})
         assert rec.texts() == [out.content, out.content] and [m.content for m in both] == rec.texts()
+        rec = TokenRecorder()
+        events = await model.astream_events(QUESTION, version="v3", config={"callbacks": [rec]})
+        assert [e async for e in events] and rec.texts() == [out.content]
     finally:
         task.cancel()
     # A 6-token generation takes far longer than 10 ticks of 5 ms; a blocked loop ticks ~once.

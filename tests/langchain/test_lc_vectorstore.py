@@ -94,8 +94,8 @@ def test_blank_tiny_and_oversized_documents_are_indexed_but_not_warmed(engine, e
         store = CacheBlendFAISS.from_texts(["", "   \n", "ferry", oversized, *normal], embeddings)
     assert store.index.ntotal == 5
     assert lookup(engine, normal) == (1, 0)
-    # A warmed "ferry" would be found inside "ferryman" and split that prompt mid-word.
-    prompt = engine.render_chat([{"role": "user", "content": "The ferryman waits."}])
+    # A warmed "ferry" would be cut out of this prompt as a chunk, changing its tokenization.
+    prompt = engine.render_chat([{"role": "user", "content": "Take the ferry to the island."}])
     assert not any(segment.chunk for segment in engine.segments(prompt))
 
 
