@@ -145,3 +145,18 @@ def test_any_subset_of_chunks_may_hit(make_engine):
     pre = engine.prefill(chunks=CHUNKS, query=QUESTION, recompute_ratio=0.0)
     assert (pre.stats.chunk_hits, pre.stats.chunk_misses) == (1, 2)
     assert pre.stats.reused_tokens == engine.count_tokens(CHUNKS[1])
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_prefix_caching_baseline_equals_full_prefill(make_engine, family):
+    from cacheblend.bench import PrefixCache
+
+    engine = make_engine(family)
+    ids = engine.token_ids(chunks=CHUNKS, query=QUESTION)
+    head = engine.segments(chunks=CHUNKS, query=QUESTION)[0].text
+    prefix = PrefixCache(engine, engine._tokenize(head))
+    pre = prefix.prefill(ids)
+    logits, kv = hf_reference(engine, torch.tensor(ids))
+    assert pre.stats.reused_tokens == len(engine._tokenize(head)) > 0
+    torch.testing.assert_close(pre.output.logits, logits, atol=1e-5, rtol=1e-5)
+    assert_kv_close(pre.output.kv, kv, 1e-5)

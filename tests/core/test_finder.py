@@ -9,7 +9,7 @@ C = "Gamma"  # shorter than the anchor
 
 
 def test_finds_chunks_in_any_order_template_and_separators():
-    finder = ChunkFinder([A, B, C])
+    finder = ChunkFinder([A, B, C], min_chars=1)
     for sep in ["\n\n", "\n---\n", " | ", "\n", "<doc>"]:
         prompt = f"<|sys|>Context:{sep}{B}{sep}{A}{sep}{C}{sep}Question: why?"
         spans = finder.find(prompt)
@@ -49,7 +49,12 @@ def test_empty_finder_and_prompt():
 
 
 def test_short_chunk_is_not_found_inside_a_word():
-    finder = ChunkFinder(["cat", "42"])
+    finder = ChunkFinder(["cat", "42"], min_chars=1)
     assert finder.find("concatenate 1420") == []
     assert [s.text for s in finder.find("a cat, 42.")] == ["cat", "42"]
     assert [s.text for s in finder.find("cat")] == ["cat"]
+
+
+def test_short_texts_are_not_searched_for_by_default():
+    finder = ChunkFinder([A, C])
+    assert len(finder) == 1 and [s.text for s in finder.find(f"{C} {A}")] == [A]
