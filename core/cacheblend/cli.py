@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--chunks", type=int, default=6)
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--ratios", default="0.05,0.15,0.30")
+    b.add_argument("--answer-tokens", type=int, default=32, help="greedy answer length for the quality columns")
     b.add_argument("--out", default="bench_out")
     b.add_argument("--store", default=None, help="KV store directory (default: OUT/store)")
     b.set_defaults(func=cmd_bench)
@@ -194,7 +195,7 @@ def cmd_bench(args) -> int:
     engine.warm(texts, store_dir=store, progress=True)
     ratios = tuple(float(x) for x in args.ratios.split(","))
     started = time.perf_counter()
-    rows = bench.run(engine, examples, ratios=ratios, repeats=args.repeats)
+    rows = bench.run(engine, examples, ratios=ratios, repeats=args.repeats, answer_tokens=args.answer_tokens)
     n_tokens = len(engine.token_ids(chunks=examples[0].passages, query=examples[0].question))
     title = f"{title}: {len(examples)} prompts of {args.chunks} chunks (~{n_tokens} tokens), {engine.name}, {engine.adapter.device}"
     meta = {"args": vars(args) | {"func": None}, "seconds": time.perf_counter() - started}

@@ -1,4 +1,4 @@
-"""Decoding from a prefilled cache: sampling, stop strings, and text streaming.
+"""Decoding from a prefilled cache: the prefill result, sampling, stop strings, text streaming.
 
 Decoding is ordinary: each step runs the HF model on one token with the blended cache handed in.
 Stop strings may span several tokens; streamed text holds back any tail that could still turn
@@ -8,10 +8,16 @@ that the final answer does not contain.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
+
+from .blend import BlendOutput
+from .models import ModelAdapter
+from .result import BlendStats, Generation
 
 
 @dataclass(frozen=True)
@@ -107,3 +113,99 @@ def decode_tokens(step, first_logits: torch.Tensor, sampling: Sampling, max_new_
         yield token
         if i + 1 < max_new_tokens:
             logits = step(token)
+
+
+@dataclass
+class Prefilled:
+    """A prompt after (blended) prefill: per-layer KV, last-token logits, ids and stats."""
+
+    adapter: ModelAdapter
+    ids: torch.Tensor
+    output: BlendOutput
+    stats: BlendStats
+
+    def cache(self) -> Any:
+        """A fresh transformers cache holding the prompt's KV (safe to extend)."""
+        return self.adapter.make_cache([(k.clone(), v.clone()) for k, v in self.output.kv])
+
+    @torch.inference_mode()
+    def continuation_logits(self, continuation: Sequence[int]) -> torch.Tensor:
+        """Next-token logits [1 + len(continuation), vocab] fp32: after the prompt, then after each
+        continuation token (teacher forcing). Used to compare blends with full prefill."""
+        rows = [self.output.logits]
+        if continuation:
+            ids = torch.tensor([list(continuation)], device=self.ids.device)
+            pos = torch.arange(len(self.ids), len(self.ids) + ids.shape[1], device=ids.device)[None]
+            out = self.adapter.model(input_ids=ids, cache=self.cache(), position_ids=pos, use_cache=True)
+            rows.extend(out.logits[0].float())
+        return torch.stack(rows[: len(continuation) + 1])
+
+
+@dataclass(frozen=True)
+class Decoding:
+    max_new_tokens: int
+    sampling: Sampling
+    stop: Sequence[str] | None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop", [s for s in (self.stop or []) if s])
+
+
+class GenerationStream:
+    """An iterator of text pieces; after exhaustion ``result`` is the whole Generation.
+
+    Work starts at the first ``next()``; ``ttft_s`` and ``total_s`` count from there.
+    """
+
+    def __init__(self, prefill, decoding: Decoding, tokenizer: Any, eos_ids: set[int], window: int) -> None:
+        """``prefill(started) -> Prefilled`` runs lazily, at the first ``next()``."""
+        self.result: Generation | None = None
+        self._it = self._run(prefill, decoding, tokenizer, eos_ids, window)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._it
+
+    def __next__(self) -> str:
+        return next(self._it)
+
+    def consume(self) -> Generation:
+        for _ in self._it:
+            pass
+        return self.result
+
+    def _run(self, prefill, decoding: Decoding, tokenizer, eos_ids, window) -> Iterator[str]:
+        started = time.perf_counter()
+        pre = prefill(started)
+        stats, n = replace(pre.stats), len(pre.ids)
+        limit = min(decoding.max_new_tokens, window - n)
+        cache, tracker = pre.cache(), TextTracker(tokenizer, decoding.stop)
+        position = n
+
+        def step(token: int) -> torch.Tensor:
+            nonlocal position
+            logits = pre.adapter.forward(torch.tensor([[token]], device=pre.ids.device), cache, position)
+            position += 1
+            return logits
+
+        stats.finish_reason = "length"
+        for i, token in enumerate(decode_tokens(step, pre.output.logits, decoding.sampling, limit)):
+            if i == 0:
+                stats.ttft_s = time.perf_counter() - started
+            if token in eos_ids:
+                stats.finish_reason = "stop"
+                break
+            tracker.push(token)
+            if tracker.stopped:
+                stats.finish_reason = "stop"
+                break
+            piece = tracker.delta(final=False)
+            if piece:
+                yield piece
+        piece = tracker.delta(final=True)
+        if piece:
+            yield piece
+        stats.completion_tokens = len(tracker.ids)
+        stats.total_s = time.perf_counter() - started
+        self.result = Generation(tracker.text, stats, tracker.ids)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,11 @@ from . import bundled
 from .assemble import Assembled, assemble
 from .blend import BlendOutput, blend_prefill, encode_chunks
 from .config import BlendConfig
-from .decode import Sampling, TextTracker, decode_tokens
+from .decode import Decoding, GenerationStream, Prefilled, Sampling
 from .finder import ChunkFinder
 from .keys import ChunkKey, chunk_key, model_fingerprint
-from .models import ModelAdapter, adapt, load_model
+from .loading import DTYPES, resolve_device, resolve_dtype
+from .models import adapt, load_model
 from .prompt import (
     Segment,
     bos_to_add,
@@ -43,35 +43,6 @@ from .prompt import (
 from .result import BlendStats, Generation
 from .selection import Selector, make_selector
 from .store import ChunkKV, DiskStore, MemoryStore, StoreChain, StoreWarning
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class Prefilled:
-    """A prompt after (blended) prefill: per-layer KV, last-token logits, ids and stats."""
-
-    adapter: ModelAdapter
-    ids: torch.Tensor
-    output: BlendOutput
-    stats: BlendStats
-
-    def cache(self) -> Any:
-        """A fresh transformers cache holding the prompt's KV (safe to extend)."""
-        return self.adapter.make_cache([(k.clone(), v.clone()) for k, v in self.output.kv])
-
-    @torch.inference_mode()
-    def continuation_logits(self, continuation: Sequence[int]) -> torch.Tensor:
-        """Next-token logits [1 + len(continuation), vocab] fp32: after the prompt, then after each
-        continuation token (teacher forcing). Used to compare blends with full prefill."""
-        rows = [self.output.logits]
-        if continuation:
-            ids = torch.tensor([list(continuation)], device=self.ids.device)
-            pos = torch.arange(len(self.ids), len(self.ids) + ids.shape[1], device=ids.device)[None]
-            out = self.adapter.model(input_ids=ids, cache=self.cache(), position_ids=pos, use_cache=True)
-            rows.extend(out.logits[0].float())
-        return torch.stack(rows[: len(continuation) + 1])
-
 
 class BlendEngine:
     """One model, its chunk KV stores, and blended generation over them."""
@@ -118,8 +89,8 @@ class BlendEngine:
         device: ``cpu``, ``cuda`` (``cuda:N``) or ``auto``; dtype: None picks fp32 on CPU and
         bf16 on CUDA. ``store_dir`` attaches a disk KV store (created on first write).
         """
-        dev = _resolve_device(device)
-        torch_dtype = _resolve_dtype(dtype, dev)
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
         if model == bundled.ALIAS:
             hf_model, tok = load_model(str(bundled.converted_dir()), device=dev, dtype=torch_dtype)
         elif str(model).endswith(".gguf"):
@@ -221,7 +192,7 @@ class BlendEngine:
 
         order = sorted(todo.items(), key=lambda kv: len(kv[1][1]))  # similar lengths pad less
         show = progress if progress is not None else len(order) >= 16
-        kv_dtype = _DTYPES[self.config.kv_dtype]
+        kv_dtype = DTYPES[self.config.kv_dtype]
         with tqdm(total=len(order), desc="warming KV", unit="chunk", disable=not show) as bar:
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
@@ -353,9 +324,12 @@ class BlendEngine:
         Arguments are validated here; the prefill starts with the first ``next()``.
         """
         segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
-        decoding = _Decoding(max_new_tokens, Sampling(temperature, top_p, top_k, seed), stop)
+        decoding = Decoding(max_new_tokens, Sampling(temperature, top_p, top_k, seed), stop)
         self._check_length(sum(len(self._tokenize(s.text)) for s in segments) + len(self.bos_ids))
-        return GenerationStream(self, lambda t0: self._prefill(segments, recompute_ratio, None, t0), decoding)
+        return self._stream(lambda t0: self._prefill(segments, recompute_ratio, None, t0), decoding)
+
+    def _stream(self, prefill, decoding: Decoding) -> GenerationStream:
+        return GenerationStream(prefill, decoding, self.tokenizer, self.eos_ids, self.context_window)
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
         """Generates an answer. Takes ``prompt`` or ``chunks``/``query``/``prefix``, plus
@@ -367,77 +341,8 @@ class BlendEngine:
         """Decodes from an existing prefill (its KV is copied, so it can be decoded again).
         Takes the sampling options and ``stop`` of ``generate``; timings count from this call."""
         stop = sampling.pop("stop", None)
-        decoding = _Decoding(max_new_tokens, Sampling(**sampling), stop)
-        return GenerationStream(self, lambda t0: prefilled, decoding).consume()
-
-
-@dataclass(frozen=True)
-class _Decoding:
-    max_new_tokens: int
-    sampling: Sampling
-    stop: Sequence[str] | None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        object.__setattr__(self, "stop", [s for s in (self.stop or []) if s])
-
-
-class GenerationStream:
-    """An iterator of text pieces; after exhaustion ``result`` is the whole Generation.
-
-    Work starts at the first ``next()``; ``ttft_s`` and ``total_s`` count from there.
-    """
-
-    def __init__(self, engine: BlendEngine, prefill, decoding: _Decoding) -> None:
-        self.result: Generation | None = None
-        self._it = self._run(engine, prefill, decoding)
-
-    def __iter__(self) -> Iterator[str]:
-        return self._it
-
-    def __next__(self) -> str:
-        return next(self._it)
-
-    def consume(self) -> Generation:
-        for _ in self._it:
-            pass
-        return self.result
-
-    def _run(self, engine: BlendEngine, prefill, decoding: _Decoding) -> Iterator[str]:
-        started = time.perf_counter()
-        pre = prefill(started)
-        stats, n = replace(pre.stats), len(pre.ids)
-        limit = min(decoding.max_new_tokens, engine.context_window - n)
-        cache, tracker = pre.cache(), TextTracker(engine.tokenizer, decoding.stop)
-        position = n
-
-        def step(token: int) -> torch.Tensor:
-            nonlocal position
-            logits = engine.adapter.forward(torch.tensor([[token]], device=pre.ids.device), cache, position)
-            position += 1
-            return logits
-
-        stats.finish_reason = "length"
-        for i, token in enumerate(decode_tokens(step, pre.output.logits, decoding.sampling, limit)):
-            if i == 0:
-                stats.ttft_s = time.perf_counter() - started
-            if token in engine.eos_ids:
-                stats.finish_reason = "stop"
-                break
-            tracker.push(token)
-            if tracker.stopped:
-                stats.finish_reason = "stop"
-                break
-            piece = tracker.delta(final=False)
-            if piece:
-                yield piece
-        piece = tracker.delta(final=True)
-        if piece:
-            yield piece
-        stats.completion_tokens = len(tracker.ids)
-        stats.total_s = time.perf_counter() - started
-        self.result = Generation(tracker.text, stats, tracker.ids)
+        decoding = Decoding(max_new_tokens, Sampling(**sampling), stop)
+        return self._stream(lambda t0: prefilled, decoding).consume()
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -468,28 +373,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
-    if not (str(device) == "cpu" or str(device).startswith("cuda")):
-        raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
-    return str(device)
-
-
-def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    if dtype is None or dtype == "auto":
-        if device.startswith("cuda"):
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} or 'auto', got {dtype!r}")
-    return _DTYPES[dtype]
-
-
 _SHARED: dict[tuple, BlendEngine] = {}
 _SHARED_LOCK = threading.Lock()
 
@@ -501,7 +384,7 @@ def shared_engine(model: str = bundled.ALIAS, *, device: str = "auto", dtype: st
     with the same model shares one set of weights and one memory store: a vector store that warms
     chunks and a chat model that answers over them meet in the same engine.
     """
-    key = (str(model), _resolve_device(device), str(dtype))
+    key = (str(model), resolve_device(device), str(dtype))
     with _SHARED_LOCK:
         if key not in _SHARED:
             _SHARED[key] = BlendEngine.from_pretrained(model, device=device, dtype=dtype)

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .rope import apply_rope
 
 SUPPORTED = {
     "llama": "Llama 2/3 (incl. llama3 rope scaling), SmolLM2",
