@@ -116,15 +116,6 @@ class ChatCacheBlend(CacheBlendParams, BaseChatModel):
     def _llm_type(self) -> str:
         return "cacheblend-chat"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "device": self.device,
-            "dtype": self.dtype,
-            "recompute_ratio": self.recompute_ratio,
-        }
-
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
         return {**self.ls_params(stop, kwargs), "ls_model_type": "chat"}
 

@@ -43,13 +43,7 @@ class CacheBlendLLM(CacheBlendParams, BaseLLM):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "device": self.device,
-            "dtype": self.dtype,
-            "recompute_ratio": self.recompute_ratio,
-            "apply_chat_template": self.apply_chat_template,
-        }
+        return {**super()._identifying_params, "apply_chat_template": self.apply_chat_template}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
         return {**self.ls_params(stop, kwargs), "ls_model_type": "llm"}

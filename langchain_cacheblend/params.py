@@ -86,6 +86,16 @@ class CacheBlendParams(BaseModel):
 
     _engine: Any = PrivateAttr(default=None)  # (model, device, dtype) -> the shared engine
 
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        """What makes two instances answer differently (LangChain's cache and tracing key)."""
+        return {
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "recompute_ratio": self.recompute_ratio,
+        }
+
     def get_engine(self, model: str | None = None) -> BlendEngine:
         """The shared engine for ``model`` (default: this instance's), loaded on first use."""
         import cacheblend

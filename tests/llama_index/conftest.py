@@ -85,29 +85,3 @@ def persisted(tmp_path_factory, llm, embed_model):
     )
     persist_index(index, persist_dir, llm.engine)
     return index, persist_dir
-
-
-@pytest.fixture(scope="session")
-def other_model_dir(tmp_path_factory, llm) -> str:
-    """A different (tiny, random) Llama model with the bundled tokenizer: its KV must never be reused."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("other_model")
-    tokenizer = llm.engine.tokenizer
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-

@@ -65,10 +65,10 @@ def test_reloaded_in_a_new_process_reuses_the_stored_kv_without_rewarming(persis
     assert kv_files(kv_store_dir(persist_dir)) == before  # same files, same mtimes: nothing rewritten
 
 
-def test_a_kv_store_written_for_another_model_is_never_reused(tmp_path, other_model_dir, embed_model, short_llm, stats):
+def test_a_kv_store_written_for_another_model_is_never_reused(tmp_path, tiny_model_dir, embed_model, short_llm, stats):
     llm = short_llm
-    other = cacheblend.shared_engine(other_model_dir)
-    warmer = KVCacheWarmer(model=other_model_dir, store_dir=str(kv_store_dir(tmp_path)))
+    other = cacheblend.shared_engine(tiny_model_dir)
+    warmer = KVCacheWarmer(model=tiny_model_dir, store_dir=str(kv_store_dir(tmp_path)))
     index = VectorStoreIndex.from_documents(
         fresh_documents("foreign")[:3],
         storage_context=faiss_storage_context(embed_model.dimension),

@@ -23,7 +23,7 @@ def stored_texts(warmer: KVCacheWarmer) -> set[str]:
     return set(DiskStore(warmer.store_dir, warmer.fingerprint).texts())
 
 
-def test_pipeline_cache_hit_skips_rewarming_and_a_model_change_invalidates_it(tmp_path, other_model_dir):
+def test_pipeline_cache_hit_skips_rewarming_and_a_model_change_invalidates_it(tmp_path, tiny_model_dir):
     docs = fresh_documents("cache-on")[:2]
     store = str(tmp_path / "kv")
     cache = IngestionCache()
@@ -43,7 +43,7 @@ def test_pipeline_cache_hit_skips_rewarming_and_a_model_change_invalidates_it(tm
     assert kv_files(store) == files
 
     # Another model: another fingerprint in a public field, so another key; the warmer runs.
-    other = KVCacheWarmer(model=other_model_dir, store_dir=store)
+    other = KVCacheWarmer(model=tiny_model_dir, store_dir=store)
     assert other.fingerprint != warmer.fingerprint
     assert get_transformation_hash(split, other) != get_transformation_hash(split, warmer)
     IngestionPipeline(transformations=[splitter(), other], cache=cache).run(documents=docs)
