@@ -19,10 +19,13 @@ from .engine import Prefilled
 
 
 def answer_kl(reference: Prefilled, candidate: Prefilled, answer_ids: Sequence[int]) -> float:
-    """Mean KL(reference || candidate) over the prompt's last position and each answer token."""
+    """Mean KL(reference || candidate) over the prompt's last position and each answer token.
+
+    Each term is clamped at 0: KL is never negative, and identical distributions computed along
+    different kernels (e.g. the prefix-cache path) give float noise of either sign."""
     p = torch.log_softmax(reference.continuation_logits(answer_ids), dim=-1)  # [T, vocab]
     q = torch.log_softmax(candidate.continuation_logits(answer_ids), dim=-1)
-    return float((p.exp() * (p - q)).sum(-1).mean())
+    return float((p.exp() * (p - q)).sum(-1).clamp_min(0.0).mean())
 
 
 def normalize_answer(text: str) -> str:
