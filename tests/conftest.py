@@ -29,6 +29,7 @@ def real_engine():
 
 def _save_tiny_llama(path, tokenizer_dir, chat_template: bool) -> str:
     """A tiny random Llama with the bundled tokenizer, saved as a HF folder: "another model"."""
+    from tiny_models import COMMON
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -36,13 +37,7 @@ def _save_tiny_llama(path, tokenizer_dir, chat_template: bool) -> str:
         tokenizer.chat_template = None
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
+        **dict(COMMON, vocab_size=len(tokenizer), num_hidden_layers=2, max_position_embeddings=8192),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
