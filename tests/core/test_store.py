@@ -84,6 +84,37 @@ def _check_unwritable(root):
     assert chain.get(rec.key) is rec and disk.get(rec.key) is None
 
 
+def _write_past_a_size_limit(root: str) -> None:
+    """In a child process whose files may not grow past 64 KiB (what a full disk looks like to a
+    writer: the write fails part-way with an OSError), store a small record, then a large one."""
+    import resource
+    import signal
+    import warnings
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG from write() instead of a signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    torch.manual_seed(0)
+    store = DiskStore(root, FP)
+    store.put(record("aa" * 32))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store.put(record("bb" * 32, tokens=400, dtype=torch.float32))  # ~200 KiB: fails mid-write
+    assert any("cannot write" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+def test_a_full_disk_leaves_no_partial_file_and_keeps_earlier_records(tmp_path):
+    proc = mp.get_context("spawn").Process(target=_write_past_a_size_limit, args=(str(tmp_path),))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    torch.manual_seed(0)
+    small = record("aa" * 32)
+    store = DiskStore(tmp_path, FP)
+    files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert files == ["aa" * 32 + ".safetensors", "catalogue.jsonl"]  # no temp file, no torn file
+    assert torch.equal(store.get(small.key).kv, small.kv) and store.get("bb" * 32) is None
+
+
 def test_memory_store_evicts_least_recently_used_within_budget():
     one = record("11" * 32).nbytes
     store = MemoryStore(max_bytes=2 * one)
