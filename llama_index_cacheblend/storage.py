@@ -74,7 +74,7 @@ def attach_kv_store(persist_dir: str | Path, engine: BlendEngine | None = None) 
     root = kv_store_dir(persist_dir)
     disk = engine.attach_store(root)
     if not disk.dir.is_dir():
-        others = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        others = DiskStore.fingerprints(root)
         held = f"it holds KV for other model fingerprints {others}" if others else "it is empty"
         warnings.warn(
             f"no KV for {engine.name} (fingerprint {engine.fingerprint[:16]}) under {root}: {held}; "
