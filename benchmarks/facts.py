@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "core"))
 from facts import FACTS, correct, passage, question  # noqa: E402
 
 from cacheblend import BlendConfig, BlendEngine, shared_engine  # noqa: E402
-from cacheblend.quality import answer_kl  # noqa: E402
+from cacheblend.tools.quality import answer_kl  # noqa: E402
 
 ORDER = (5, 11, 0, 17, 3, 8)
 OTHER_ORDER = (8, 3, 17, 0, 11, 5)

@@ -15,8 +15,8 @@ import statistics
 import time
 
 from cacheblend import BlendConfig, BlendEngine, shared_engine
-from cacheblend.datasets import load_musique, pydoc_passages, pydoc_workload
-from cacheblend.quality import answer_kl
+from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
+from cacheblend.tools.quality import answer_kl
 
 ANSWER_TOKENS = 24
 

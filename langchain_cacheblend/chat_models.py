@@ -33,7 +33,9 @@ from langchain_core.messages import (
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import Field
 
-from .params import CacheBlendParams, Finished, aiterate, response_metadata, usage_metadata
+from cacheblend.integrations import iterate_in_thread
+
+from .params import CacheBlendParams, Finished, response_metadata, usage_metadata
 
 _ROLES = ((SystemMessage, "system"), (HumanMessage, "user"), (AIMessage, "assistant"))  # chunks subclass these
 _CHAT_ROLES = ("system", "user", "assistant")
@@ -181,7 +183,7 @@ class ChatCacheBlend(CacheBlendParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        async for event in aiterate(_deferred(self._events, messages, stop, kwargs)):
+        async for event in iterate_in_thread(_deferred(self._events, messages, stop, kwargs)):
             if isinstance(event, Finished):
                 return _result(event)
             if run_manager:
@@ -195,7 +197,7 @@ class ChatCacheBlend(CacheBlendParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for event in aiterate(_deferred(self._events, messages, stop, kwargs)):
+        async for event in iterate_in_thread(_deferred(self._events, messages, stop, kwargs)):
             chunk = _last(event) if isinstance(event, Finished) else _piece(event)
             if run_manager and not isinstance(event, Finished):
                 await run_manager.on_llm_new_token(event, chunk=chunk)

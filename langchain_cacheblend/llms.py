@@ -20,7 +20,9 @@ from langchain_core.language_models import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import Field
 
-from .params import CacheBlendParams, Finished, aiterate, response_metadata, usage_metadata
+from cacheblend.integrations import Usage, iterate_in_thread
+
+from .params import CacheBlendParams, Finished, response_metadata, usage_metadata
 
 
 class CacheBlendLLM(CacheBlendParams, BaseLLM):
@@ -82,7 +84,7 @@ class CacheBlendLLM(CacheBlendParams, BaseLLM):
     ) -> LLMResult:
         done = []
         for prompt in prompts:
-            async for event in aiterate(lambda p=prompt: self._events(p, stop, kwargs)):
+            async for event in iterate_in_thread(lambda p=prompt: self._events(p, stop, kwargs)):
                 if isinstance(event, Finished):
                     done.append(event)
                 elif run_manager:
@@ -112,7 +114,7 @@ class CacheBlendLLM(CacheBlendParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        async for event in aiterate(lambda: self._events(prompt, stop, kwargs)):
+        async for event in iterate_in_thread(lambda: self._events(prompt, stop, kwargs)):
             if isinstance(event, Finished):
                 yield _last(event)
                 continue
@@ -138,12 +140,12 @@ def _last(done: Finished) -> GenerationChunk:
 
 def _result(done: list[Finished]) -> LLMResult:
     generations = [[Generation(text=d.generation.text, generation_info=_info(d))] for d in done]
-    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cache_read_tokens": 0}
-    for d in done:
-        s = d.generation.stats
-        usage["prompt_tokens"] += s.prompt_tokens
-        usage["completion_tokens"] += s.completion_tokens
-        usage["total_tokens"] += s.prompt_tokens + s.completion_tokens
-        usage["cache_read_tokens"] += s.reused_tokens
+    total = sum((Usage.of(d.generation.stats) for d in done), Usage())
+    usage = {
+        "prompt_tokens": total.prompt_tokens,
+        "completion_tokens": total.completion_tokens,
+        "total_tokens": total.total_tokens,
+        "cache_read_tokens": total.cached_tokens,
+    }
     model = done[0].model if done else None
     return LLMResult(generations=generations, llm_output={"token_usage": usage, "model_name": model})

@@ -9,20 +9,18 @@ imported on first use only, so importing the package and building a model stay c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.runnables.config import run_in_executor
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import Field, PrivateAttr
+
+from cacheblend import BUNDLED_MODEL
+from cacheblend.integrations import EngineFields, Usage
 
 if TYPE_CHECKING:
     from cacheblend import BlendEngine, BlendStats, Generation
-
-# Equal to ``cacheblend.BUNDLED_MODEL`` (a test checks); spelled out so that importing this
-# package does not import torch.
-BUNDLED_MODEL = "smollm2-135m-instruct"
 
 PROVIDER = "cacheblend"
 
@@ -30,8 +28,6 @@ PROVIDER = "cacheblend"
 CALL_OPTIONS = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "recompute_ratio")
 # Keywords LangChain itself may pass through to ``_generate``/``_stream``; they carry no option.
 _PLUMBING = ("stream",)
-
-T = TypeVar("T")
 
 
 def resolve_engine(engine: BlendEngine | str | None = None) -> BlendEngine:
@@ -54,35 +50,11 @@ class Finished:
     generation: Generation
 
 
-class CacheBlendParams(BaseModel):
-    """Fields and helpers common to the chat model and the LLM (a pydantic mixin)."""
+class CacheBlendParams(EngineFields):
+    """Fields and helpers common to the chat model and the LLM (a pydantic mixin): the shared
+    engine fields plus LangChain's name for the answer length."""
 
-    model: str = Field(
-        default=BUNDLED_MODEL,
-        description="HF model id, local folder, .gguf file, or the bundled alias. Instances with the same "
-        "model, device and dtype share one engine: one copy of the weights and one KV store.",
-    )
-    device: str = Field(default="auto", description="'cpu', 'cuda', 'cuda:N' or 'auto'.")
-    dtype: str | None = Field(
-        default=None, description="'float32', 'bfloat16' or 'float16'; None: fp32 on CPU, bf16 on CUDA."
-    )
-    recompute_ratio: float | None = Field(
-        default=None,
-        ge=0.0,
-        le=1.0,
-        description="Fraction of reused chunk tokens recomputed (CacheBlend's r). None: the engine's "
-        "measured default (~0.15). 1.0 is a full prefill (no cache read), 0.0 full reuse.",
-    )
     max_tokens: int = Field(default=256, ge=1, description="Most tokens to generate.")
-    temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 disables it.")
-    top_k: int = Field(default=0, ge=0, description="Sample among the k likeliest tokens; 0 disables it.")
-    seed: int | None = Field(default=None, description="Seed for sampling (temperature > 0); fixes the output.")
-    stop: list[str] | None = Field(
-        default=None,
-        description="Stop strings (any length, any number of tokens); they never appear in the output. "
-        "A call's own `stop` replaces these.",
-    )
 
     _engine: Any = PrivateAttr(default=None)  # (model, device, dtype) -> the shared engine
 
@@ -158,11 +130,12 @@ class CacheBlendParams(BaseModel):
 def usage_metadata(stats: BlendStats) -> UsageMetadata:
     """Token counts in LangChain's shape; ``cache_read`` is the prompt tokens served from chunk KV
     (not recomputed)."""
+    usage = Usage.of(stats)
     return UsageMetadata(
-        input_tokens=stats.prompt_tokens,
-        output_tokens=stats.completion_tokens,
-        total_tokens=stats.prompt_tokens + stats.completion_tokens,
-        input_token_details={"cache_read": stats.reused_tokens},
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        input_token_details={"cache_read": usage.cached_tokens},
     )
 
 
@@ -174,21 +147,3 @@ def response_metadata(model: str, stats: BlendStats) -> dict[str, Any]:
         "finish_reason": stats.finish_reason,
         "blend_stats": stats.as_dict(),
     }
-
-
-_DONE = object()
-
-
-async def aiterate(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
-    """Yields from the blocking iterator ``make()`` without blocking the event loop.
-
-    ``make`` (which may load the engine) and every ``next`` run in LangChain's executor, which
-    copies the context (callbacks, tracing) into the worker. Each engine step is a self-contained
-    ``torch.inference_mode`` call, so steps may run on different worker threads.
-    """
-    iterator = await run_in_executor(None, make)
-    while True:
-        item = await run_in_executor(None, next, iterator, _DONE)
-        if item is _DONE:
-            return
-        yield item

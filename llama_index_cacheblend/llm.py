@@ -15,6 +15,7 @@ from typing import Any
 
 import cacheblend
 from cacheblend import BlendEngine, BlendStats, Generation
+from cacheblend.integrations import EngineFields, Usage, iterate_in_thread
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -34,12 +35,10 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import default_completion_to_prompt
 from llama_index.core.prompts import BasePromptTemplate
 
-from .threads import iterate_in_thread
-
 GENERATION_KEYS = ("max_new_tokens", "recompute_ratio", "temperature", "top_p", "top_k", "seed", "stop")
 
 
-class CacheBlendLLM(CustomLLM):
+class CacheBlendLLM(EngineFields, CustomLLM):
     """A local causal LM served by a cacheblend engine, for LlamaIndex.
 
     Instances built with the same ``model``/``device``/``dtype`` share one engine (weights and
@@ -48,29 +47,9 @@ class CacheBlendLLM(CustomLLM):
     ``TokenCountingHandler``) and ``raw["cacheblend"]`` the full ``BlendStats``.
     """
 
-    model: str = Field(
-        default=cacheblend.BUNDLED_MODEL,
-        description="HF model id or folder, a .gguf file, or the bundled alias 'smollm2-135m-instruct'.",
-    )
-    device: str = Field(default="auto", description="'cpu', 'cuda[:N]' or 'auto'.")
-    dtype: str | None = Field(
-        default=None, description="'float32', 'bfloat16', 'float16'; None: fp32 on CPU, bf16 on CUDA."
-    )
     max_new_tokens: int = Field(
         default=256, gt=0, description="Most tokens generated per call; also the room LlamaIndex reserves (num_output)."
     )
-    recompute_ratio: float | None = Field(
-        default=None,
-        ge=0.0,
-        le=1.0,
-        description="Share of reused chunk tokens recomputed. None: the engine's default (0.15). "
-        "1.0: a full prefill that reads no cache (the quality baseline); 0.0: full reuse.",
-    )
-    temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy decoding.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 disables it.")
-    seed: int | None = Field(default=None, description="Seed for sampling (temperature > 0).")
-    stop: list[str] | None = Field(default=None, description="Strings that end the generation (not returned).")
 
     _engine: BlendEngine = PrivateAttr()
 
@@ -192,7 +171,8 @@ class CacheBlendLLM(CustomLLM):
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        return iterate_in_thread(self._stream(self._completion_prompt(prompt, formatted), kwargs))
+        responses = self._stream(self._completion_prompt(prompt, formatted), kwargs)  # validated now
+        return iterate_in_thread(lambda: responses)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -200,10 +180,10 @@ class CacheBlendLLM(CustomLLM):
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        responses = iterate_in_thread(self._stream(self._chat_prompt(messages), kwargs))
+        responses = self._stream(self._chat_prompt(messages), kwargs)  # validated now
 
         async def chats() -> ChatResponseAsyncGen:
-            async for response in responses:
+            async for response in iterate_in_thread(lambda: responses):
                 yield _as_chat(response)
 
         return chats()
@@ -251,13 +231,7 @@ def usage_raw(result: Generation) -> dict[str, Any]:
     """``raw`` for a response: OpenAI-style ``usage`` (what LlamaIndex's token counting reads)
     with the model's own counts, and the blend statistics under ``cacheblend``."""
     stats = result.stats
-    usage = {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
-    }
-    return {"usage": usage, "cacheblend": stats.as_dict(), "finish_reason": stats.finish_reason}
+    return {"usage": Usage.of(stats).openai(), "cacheblend": stats.as_dict(), "finish_reason": stats.finish_reason}
 
 
 def blend_stats(response: CompletionResponse | ChatResponse | Any) -> BlendStats | None:

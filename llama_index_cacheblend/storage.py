@@ -21,21 +21,17 @@ from typing import Any
 
 import cacheblend
 from cacheblend import BlendEngine, DiskStore
+from cacheblend.integrations import KV_DIR, kv_store_dir, warm_texts
 from llama_index.core import StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.indices.base import BaseIndex
 
 from .warmer import llm_texts
 
-KV_SUBDIR = "cacheblend"
+KV_SUBDIR = KV_DIR  # this package's public name for it
 
 
 class ForeignKVStoreWarning(UserWarning):
     """The index's KV store holds no KV for this model; chunks are computed until re-warmed."""
-
-
-def kv_store_dir(persist_dir: str | Path) -> Path:
-    """Where an index persisted at ``persist_dir`` keeps its chunk KV: ``<persist_dir>/cacheblend``."""
-    return Path(persist_dir) / KV_SUBDIR
 
 
 def faiss_storage_context(dimension: int, metric: str = "ip") -> StorageContext:
@@ -62,9 +58,7 @@ def persist_index(
     engine = engine or cacheblend.shared_engine()
     persist_dir = Path(persist_dir)
     index.storage_context.persist(persist_dir=str(persist_dir))
-    texts = llm_texts(index.docstore.docs.values())
-    if texts:
-        engine.warm(texts, store_dir=kv_store_dir(persist_dir), progress=progress)
+    warm_texts(engine, llm_texts(index.docstore.docs.values()), store_dir=kv_store_dir(persist_dir), progress=progress)
     return kv_store_dir(persist_dir)
 
 

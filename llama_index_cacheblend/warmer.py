@@ -35,6 +35,7 @@ from typing import Any
 
 import cacheblend
 from cacheblend import BlendEngine
+from cacheblend.integrations import warm_texts
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
@@ -123,12 +124,12 @@ class KVCacheWarmer(TransformComponent):
         return self._engine
 
     def warm(self, nodes: Sequence[BaseNode]) -> list[str]:
-        """Warms ``nodes`` (e.g. nodes given to ``index.insert_nodes``); returns their chunk keys."""
+        """Warms ``nodes`` (e.g. nodes given to ``index.insert_nodes``); returns the chunk keys of
+        those warmed. Short texts are skipped, and over-long ones with a warning (never the batch):
+        see ``cacheblend.integrations.warm_texts``."""
         texts = llm_texts(nodes, strict=self.strict)
-        if not texts:
-            return []
-        return self._engine.warm(
-            texts, store_dir=self.store_dir, batch_size=self.batch_size, progress=self.show_progress
+        return warm_texts(
+            self._engine, texts, store_dir=self.store_dir, batch_size=self.batch_size, progress=self.show_progress
         )
 
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:

@@ -14,7 +14,7 @@ torch.manual_seed(0)
 @pytest.fixture(scope="session")
 def bundled_dir():
     """The bundled SmolLM2 model as safetensors (converted from GGUF on the first run)."""
-    from cacheblend import bundled
+    from cacheblend.models import bundled
 
     return bundled.converted_dir()
 

@@ -94,7 +94,7 @@ def _engine(args, store_dir):
 
 def _build(engine, index_dir: Path, texts: list[str]) -> "PassageIndex":  # noqa: F821
     """Adds ``texts`` to the index at ``index_dir`` and warms their KV into its store."""
-    from .index import KV_DIR, PassageIndex, default_embedder
+    from .tools.demo_index import KV_DIR, PassageIndex, default_embedder
 
     embedder = default_embedder()
     index = PassageIndex.load(index_dir, embedder) if PassageIndex.exists(index_dir) else PassageIndex(embedder)
@@ -112,8 +112,8 @@ def _build(engine, index_dir: Path, texts: list[str]) -> "PassageIndex":  # noqa
 
 
 def cmd_demo(args) -> int:
-    from .datasets import pydoc_passages
-    from .index import KV_DIR
+    from .tools.datasets import pydoc_passages
+    from .tools.demo_index import KV_DIR
 
     index_dir = Path(args.dir)
     engine = _engine(args, index_dir / KV_DIR)
@@ -127,10 +127,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_warm(args) -> int:
-    from .datasets import _pack
+    from .tools.datasets import pack_paragraphs
 
     engine = _engine(args, None)
-    texts = _read_source(Path(args.source), lambda text: _pack(text, engine.count_tokens, args.max_tokens))
+    texts = _read_source(Path(args.source), lambda text: pack_paragraphs(text, engine.count_tokens, args.max_tokens))
     if not texts:
         raise ValueError(f"no text found in {args.source}")
     _build(engine, Path(args.dir), texts)
@@ -138,7 +138,7 @@ def cmd_warm(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from .index import KV_DIR, PassageIndex, default_embedder
+    from .tools.demo_index import KV_DIR, PassageIndex, default_embedder
 
     index_dir = Path(args.dir)
     index = PassageIndex.load(index_dir, default_embedder())
@@ -179,8 +179,8 @@ def _read_source(path: Path, split) -> list[str]:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
-    from .datasets import load_musique, pydoc_passages, pydoc_workload
+    from .tools import bench
+    from .tools.datasets import load_musique, pydoc_passages, pydoc_workload
 
     out = Path(args.out)
     store = Path(args.store) if args.store else out / "store"

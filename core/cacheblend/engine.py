@@ -20,19 +20,20 @@ from typing import Any
 
 import torch
 
-from . import bundled
-from .assemble import Assembled, assemble
-from .blend import BlendOutput, blend_prefill, encode_chunks
+from . import warming
+from .blending.blend import BlendOutput, blend_prefill
+from .blending.selection import Selector, make_selector
 from .config import BlendConfig
-from .decode import Decoding, GenerationStream, Prefilled, Sampling
-from .finder import ChunkFinder
-from .keys import ChunkKey, chunk_key, model_fingerprint
-from .loading import DTYPES, resolve_device, resolve_dtype
-from .models import adapt, load_model
-from .prompt import (
+from .generation.decode import Decoding, GenerationStream, Prefilled, Sampling, eos_ids
+from .models import bundled
+from .models.adapter import adapt
+from .models.loading import load_pretrained
+from .prompts.assemble import Assembled, assemble
+from .prompts.finder import ChunkFinder
+from .prompts.tokenize import (
     Segment,
     bos_to_add,
-    chat_lead,
+    chunk_context_ids,
     clean_chunk,
     has_chat_template,
     render_chat,
@@ -41,8 +42,8 @@ from .prompt import (
     tokenize,
 )
 from .result import BlendStats, Generation
-from .selection import Selector, make_selector
-from .store import ChunkKV, DiskStore, MemoryStore, StoreChain, StoreWarning
+from .stores import ChunkKey, ChunkRecord, DiskStore, MemoryStore, StoreChain, StoreWarning, chunk_key, model_fingerprint
+
 
 class BlendEngine:
     """One model, its chunk KV stores, and blended generation over them."""
@@ -63,14 +64,14 @@ class BlendEngine:
         self.name = name or str(getattr(model.config, "_name_or_path", "") or model.config.model_type)
         _check_layers(self.config, self.adapter.num_layers)
         self.selector = selector
-        self.lead_ids = self._chunk_context_ids()
-        self.bos_ids = bos_to_add(tokenizer)
+        self.context_ids = chunk_context_ids(tokenizer, self.config.chunk_context)  # every chunk is warmed behind these
+        self.bos_ids = bos_to_add(tokenizer)  # what the tokenizer puts before every prompt
         self.fingerprint = model_fingerprint(
-            model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.lead_ids
+            model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.context_ids
         )
         self.stores = StoreChain(MemoryStore(memory_bytes))
         self.finder = ChunkFinder()
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(model, tokenizer)
         self._lock = threading.RLock()
 
     @classmethod
@@ -89,15 +90,7 @@ class BlendEngine:
         device: ``cpu``, ``cuda`` (``cuda:N``) or ``auto``; dtype: None picks fp32 on CPU and
         bf16 on CUDA. ``store_dir`` attaches a disk KV store (created on first write).
         """
-        dev = resolve_device(device)
-        torch_dtype = resolve_dtype(dtype, dev)
-        if model == bundled.ALIAS:
-            hf_model, tok = load_model(str(bundled.converted_dir()), device=dev, dtype=torch_dtype)
-        elif str(model).endswith(".gguf"):
-            path = Path(model)
-            hf_model, tok = load_model(str(path.parent), device=dev, dtype=torch_dtype, gguf_file=path.name)
-        else:
-            hf_model, tok = load_model(str(model), device=dev, dtype=torch_dtype)
+        hf_model, tok = load_pretrained(str(model), device=device, dtype=dtype)
         engine = cls(hf_model, tok, config=config, memory_bytes=memory_bytes, name=str(model))
         if store_dir is not None:
             engine.attach_store(store_dir)
@@ -107,6 +100,11 @@ class BlendEngine:
     @property
     def context_window(self) -> int:
         return self.adapter.max_positions
+
+    @property
+    def max_chunk_tokens(self) -> int:
+        """The longest chunk ``warm`` accepts: the context window minus the chunk context."""
+        return self.context_window - len(self.context_ids)
 
     @property
     def is_chat_model(self) -> bool:
@@ -161,68 +159,12 @@ class BlendEngine:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        cleaned = [clean_chunk(t) for t in texts]
-        ids = [tokenize(self.tokenizer, t) for t in cleaned]
-        room = self.context_window - len(self.lead_ids)
-        for text, tok in zip(cleaned, ids):
-            if len(tok) > room:
-                raise ValueError(f"a chunk of {len(tok)} tokens exceeds the context window ({room}): {text[:60]!r}...")
-        keys = [chunk_key(self.fingerprint, tok) for tok in ids]
+        chunks = warming.prepare(self, texts)
         with self._lock:
             disk = self.attach_store(store_dir) if store_dir is not None else None
-            todo = self._missing(keys, cleaned, ids, disk)
-            self._compute(todo, disk, batch_size, progress)
-            self.finder.add(cleaned)
-        return keys
-
-    def _missing(self, keys, texts, ids, disk: DiskStore | None) -> dict[str, tuple[str, list[int]]]:
-        todo: dict[str, tuple[str, list[int]]] = {}
-        for key, text, tok in zip(keys, texts, ids):
-            if key in todo or (disk is not None and key in disk):
-                continue
-            record = self.stores.get(key)
-            if record is None:
-                todo[key] = (text, tok)
-            elif disk is not None:
-                disk.put(record)
-        return todo
-
-    def _compute(self, todo: dict, disk: DiskStore | None, batch_size: int, progress: bool | None) -> None:
-        from tqdm.auto import tqdm
-
-        order = sorted(todo.items(), key=lambda kv: len(kv[1][1]))  # similar lengths pad less
-        show = progress if progress is not None else len(order) >= 16
-        kv_dtype = DTYPES[self.config.kv_dtype]
-        with tqdm(total=len(order), desc="warming KV", unit="chunk", disable=not show) as bar:
-            for start in range(0, len(order), batch_size):
-                batch = order[start : start + batch_size]
-                kv = self._encode([tok for _, (_, tok) in batch])
-                for (key, (text, tok)), rows in zip(batch, kv):
-                    record = ChunkKV(key, rows[..., : len(tok), :].to("cpu", kv_dtype).contiguous(), text)
-                    self.stores.memory.put(record)
-                    if disk is not None:
-                        disk.put(record)
-                bar.update(len(batch))
-
-    def _encode(self, chunks: list[list[int]]) -> torch.Tensor:
-        """[B, layers, 2, kv_heads, T, head_dim] for right-padded chunks behind the lead tokens."""
-        width = len(self.lead_ids) + max(map(len, chunks))
-        dev = self.adapter.device
-        ids = torch.zeros((len(chunks), width), dtype=torch.long, device=dev)
-        valid = torch.zeros((len(chunks), width), dtype=torch.bool, device=dev)
-        for b, tok in enumerate(chunks):
-            row = self.lead_ids + tok
-            ids[b, : len(row)] = torch.tensor(row, device=dev)
-            valid[b, : len(row)] = True
-        return encode_chunks(self.adapter, ids, valid, len(self.lead_ids))
-
-    def _chunk_context_ids(self) -> list[int]:
-        mode = self.config.chunk_context
-        lead = chat_lead(self.tokenizer) if mode == "system" else None
-        if lead:
-            return tokenize(self.tokenizer, lead)
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        return [bos] if mode != "none" and bos is not None else []
+            warming.store_missing(self, chunks, disk, batch_size, progress)
+            self.finder.add(c.text for c in chunks)
+        return [c.key for c in chunks]
 
     # -- prefill and generation -----------------------------------------------------------------
     def segments(
@@ -289,7 +231,7 @@ class BlendEngine:
     def _tokenize(self, text: str) -> list[int]:
         return tokenize(self.tokenizer, text)
 
-    def _lookup(self, ids: list[int]) -> ChunkKV | None:
+    def _lookup(self, ids: list[int]) -> ChunkRecord | None:
         return self.stores.get(chunk_key(self.fingerprint, ids))
 
     def token_ids(
@@ -363,29 +305,3 @@ def _stats(asm: Assembled, out: BlendOutput, ratio: float) -> BlendStats:
 def _check_layers(config: BlendConfig, num_layers: int) -> None:
     if max(config.check_layers) >= num_layers:
         raise ValueError(f"check layer {max(config.check_layers)} does not exist; the model has {num_layers} layers")
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(source, "eos_token_id", None)
-        ids.update([value] if isinstance(value, int) else list(value or []))
-    return ids
-
-
-_SHARED: dict[tuple, BlendEngine] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_engine(model: str = bundled.ALIAS, *, device: str = "auto", dtype: str | None = None) -> BlendEngine:
-    """The process-wide engine for (model, device, dtype), loaded on first use.
-
-    The LangChain and LlamaIndex classes build their engines through this, so every instance built
-    with the same model shares one set of weights and one memory store: a vector store that warms
-    chunks and a chat model that answers over them meet in the same engine.
-    """
-    key = (str(model), resolve_device(device), str(dtype))
-    with _SHARED_LOCK:
-        if key not in _SHARED:
-            _SHARED[key] = BlendEngine.from_pretrained(model, device=device, dtype=dtype)
-        return _SHARED[key]

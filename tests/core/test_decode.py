@@ -2,7 +2,7 @@
 
 import torch
 
-from cacheblend.decode import Sampling, TextTracker
+from cacheblend.generation.decode import Sampling, TextTracker
 
 CHUNKS = ["The vault code is written on a card behind the clock.", "The clock in the hall is always five minutes fast."]
 

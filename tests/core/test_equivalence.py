@@ -4,10 +4,10 @@ and a chunk computed behind the same context is exact at any ratio."""
 import pytest
 import torch
 
-from cacheblend.assemble import assemble
-from cacheblend.blend import blend_prefill
-from cacheblend.prompt import Segment, chat_lead
-from cacheblend.selection import AllSelector, DeviationSelector
+from cacheblend.prompts.assemble import assemble
+from cacheblend.blending.blend import blend_prefill
+from cacheblend.prompts.tokenize import Segment, chat_lead
+from cacheblend.blending.selection import AllSelector, DeviationSelector
 
 from tiny_models import FAMILIES
 
@@ -81,7 +81,7 @@ def test_single_leading_chunk_behind_its_warm_context_is_exact_at_any_ratio(make
     lead = chat_lead(engine.tokenizer)
     segments = [Segment(lead), Segment(CHUNKS[0], chunk=True), Segment("\n\n" + QUESTION)]
     asm, out = blend(engine, segments, engine.config.with_ratio(ratio).schedule(), DeviationSelector("v"))
-    assert asm.hits == 1 and asm.input.ids[: len(engine.lead_ids)].tolist() == engine.lead_ids
+    assert asm.hits == 1 and asm.input.ids[: len(engine.context_ids)].tolist() == engine.context_ids
     logits, kv = hf_reference(engine, asm.input.ids)
     torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-4)
     assert_kv_close(out.kv, kv, 1e-4)
@@ -149,7 +149,7 @@ def test_any_subset_of_chunks_may_hit(make_engine):
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_prefix_caching_baseline_equals_full_prefill(make_engine, family):
-    from cacheblend.bench import PrefixCache
+    from cacheblend.tools.bench import PrefixCache
 
     engine = make_engine(family)
     ids = engine.token_ids(chunks=CHUNKS, query=QUESTION)

@@ -1,7 +1,7 @@
 """Finding warmed chunk texts inside arbitrary prompts."""
 
 from cacheblend import ChunkFinder
-from cacheblend.prompt import Segment, segments_from_prompt
+from cacheblend.prompts.tokenize import Segment, segments_from_prompt
 
 A = "Alpha passage: the river Ost freezes in March, and the ferries stop for nine days."
 B = "Beta passage: café owners in Lünen serve ✓ spiced tea — always with two biscuits."

@@ -13,8 +13,8 @@ import torch
 from facts import FACTS, correct, passage, question
 
 from cacheblend import BlendConfig
-from cacheblend.datasets import pydoc_passages
-from cacheblend.quality import answer_kl
+from cacheblend.tools.datasets import pydoc_passages
+from cacheblend.tools.quality import answer_kl
 
 pytestmark = pytest.mark.real_model
 

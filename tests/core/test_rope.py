@@ -9,7 +9,7 @@ by the model's rotary tables at those positions: at every layer, not just the fi
 import pytest
 import torch
 
-from cacheblend.rope import apply_rope, rotate_half
+from cacheblend.blending.rope import apply_rope, rotate_half
 
 ROPES = {
     "default": None,
@@ -34,8 +34,8 @@ def test_realigned_keys_equal_keys_at_target_positions(make_engine, rope, offset
     assert engine.adapter.config.rope_parameters["rope_type"] == rope
     (key,) = engine.warm([TEXT])
     stored = engine.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
-    lead, n = len(engine.lead_ids), stored.shape[3]
-    ids = torch.tensor([engine.lead_ids + engine._tokenize(TEXT)])
+    lead, n = len(engine.context_ids), stored.shape[3]
+    ids = torch.tensor([engine.context_ids + engine._tokenize(TEXT)])
     pos = torch.arange(ids.shape[1])[None] + offset
     out = engine.adapter.model(input_ids=ids, position_ids=pos, use_cache=True)
     cos, sin = engine.adapter.rope(pos[0, lead:])

@@ -30,7 +30,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 from lc_helpers import SYSTEM_PROMPT, TokenRecorder, format_docs, pydoc_documents, rag_chain
 
-from cacheblend.quality import answer_kl
+from cacheblend.tools.quality import answer_kl
 from langchain_cacheblend import ChatCacheBlend, warm_documents
 from langchain_cacheblend.chat_models import to_chat_messages
 

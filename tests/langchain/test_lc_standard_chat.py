@@ -43,7 +43,7 @@ class _Config:
     @property
     def model_override_value(self):
         # A real, different model id: the bundled model's safetensors folder (loads a 2nd engine).
-        from cacheblend import bundled
+        from cacheblend.models import bundled
 
         return str(bundled.converted_dir())
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .models import ModelAdapter
+from ..models.adapter import ModelAdapter
 from .rope import apply_rope
 from .selection import Candidates, Selector
 
@@ -69,7 +69,7 @@ def blend_prefill(
     n = inp.ids.shape[0]
     pos = torch.arange(n, device=inp.ids.device)  # [N]
     cos, sin = model.rope(pos)  # [N, d]
-    rows = pos  # active rows, always sorted
+    active = pos  # [n] positions of the rows still computed, always sorted
     num_reused = int(inp.reused.sum())
     keep_always = ~inp.reused
     keep_always[-1] = True  # the last token's logits start decoding
@@ -85,29 +85,29 @@ def blend_prefill(
         cached = inp.cached[layer].to(k.dtype) if layer >= first_check else None  # [2,Hkv,N,d]
         if layer in schedule:
             budget = budget_for(schedule[layer], num_reused)
-            pick = _select(inp, cached, rows, k[0], v[0], layer, selector, budget, keep_always)
-            rows, h, q, k, v = rows[pick], h[:, pick], q[:, :, pick], k[:, :, pick], v[:, :, pick]
-        q = apply_rope(q, cos[rows], sin[rows])
-        k = apply_rope(k, cos[rows], sin[rows])
+            pick = _select(inp, cached, active, k[0], v[0], layer, selector, budget, keep_always)
+            active, h, q, k, v = active[pick], h[:, pick], q[:, :, pick], k[:, :, pick], v[:, :, pick]
+        q = apply_rope(q, cos[active], sin[active])
+        k = apply_rope(k, cos[active], sin[active])
         if cached is None:
             keys, values = k, v  # full prefill: every row is fresh
         else:
             keys = apply_rope(cached[0], cos, sin)[None]  # [1,Hkv,N,d] realigned to final positions
             values = cached[1][None].clone()  # [1,Hkv,N,d]
-            keys[:, :, rows] = k
-            values[:, :, rows] = v
-        attn = model.attend(layer, q, keys, values, rows, pos)  # [1, n, H*d]
+            keys[:, :, active] = k
+            values[:, :, active] = v
+        attn = model.attend(layer, q, keys, values, active, pos)  # [1, n, H*d]
         h = model.finish(layer, h, attn)
         kv.append((keys, values))
-        active_per_layer.append(rows.shape[0])
-    logits = model.logits(h[0, -1])  # rows[-1] == N-1, kept always
-    return BlendOutput(kv=kv, logits=logits, recomputed=rows.shape[0], active_per_layer=active_per_layer)
+        active_per_layer.append(active.shape[0])
+    logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
+    return BlendOutput(kv=kv, logits=logits, recomputed=active.shape[0], active_per_layer=active_per_layer)
 
 
 def _select(
     inp: BlendInput,
     cached: torch.Tensor,
-    rows: torch.Tensor,
+    active: torch.Tensor,
     fresh_k: torch.Tensor,
     fresh_v: torch.Tensor,
     layer: int,
@@ -115,10 +115,10 @@ def _select(
     budget: int,
     keep_always: torch.Tensor,
 ) -> torch.Tensor:
-    """Indices into ``rows`` to keep: every always-kept row plus the selector's pick (sorted)."""
-    always = keep_always[rows]  # [n] bool
-    cand = (~always).nonzero().squeeze(1)  # indices into rows of reusable candidates
-    tokens = rows[cand]
+    """Indices into ``active`` to keep: every always-kept row plus the selector's pick (sorted)."""
+    always = keep_always[active]  # [n] bool
+    cand = (~always).nonzero().squeeze(1)  # indices into active of reusable candidates
+    tokens = active[cand]
     chosen = selector(
         Candidates(
             layer=layer,
@@ -134,27 +134,3 @@ def _select(
     keep = always.clone()
     keep[cand[chosen]] = True
     return keep.nonzero().squeeze(1)
-
-
-@torch.inference_mode()
-def encode_chunks(
-    model: ModelAdapter, ids: torch.Tensor, valid: torch.Tensor, lead: int
-) -> torch.Tensor:
-    """Computes the KV of a batch of chunks, each behind the same ``lead`` context tokens.
-
-    ids: [B, T] (lead tokens, then the chunk, right-padded); valid: [B, T] bool (False on padding).
-    Returns [B, layers, 2, kv_heads, T - lead, head_dim]: K before RoPE, and V, of the chunk rows.
-    """
-    t = ids.shape[1]
-    pos = torch.arange(t, device=ids.device)
-    cos, sin = model.rope(pos)
-    key_valid = None if bool(valid.all()) else valid
-    h = model.embed(ids)
-    out = []
-    for layer in range(model.num_layers):
-        q, k, v = model.qkv(layer, h)
-        out.append(torch.stack([k[:, :, lead:], v[:, :, lead:]], dim=1))  # [B, 2, Hkv, T-lead, d]
-        if layer + 1 < model.num_layers:  # the last layer's output is not needed
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            h = model.finish(layer, h, model.attend(layer, q, k, v, pos, pos, key_valid))
-    return torch.stack(out, dim=1)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from .config import BlendConfig
+from ..config import BlendConfig
 
 
 @dataclass(frozen=True)

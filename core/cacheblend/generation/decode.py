@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .blend import BlendOutput
-from .models import ModelAdapter
-from .result import BlendStats, Generation
+from ..blending.blend import BlendOutput
+from ..models.adapter import ModelAdapter
+from ..result import BlendStats, Generation
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,16 @@ class Prefilled:
             out = self.adapter.model(input_ids=ids, cache=self.cache(), position_ids=pos, use_cache=True)
             rows.extend(out.logits[0].float())
         return torch.stack(rows[: len(continuation) + 1])
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every token id that ends a generation: the generation config's, the model config's and the
+    tokenizer's EOS (chat models often name several)."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        ids.update([value] if isinstance(value, int) else list(value or []))
+    return ids
 
 
 @dataclass(frozen=True)

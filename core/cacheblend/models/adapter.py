@@ -192,25 +192,3 @@ def _layer_window(config: Any, layer: int) -> int | None:
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return int(window)
-
-
-def load_model(source: str, *, device: str, dtype: torch.dtype | None, gguf_file: str | None = None) -> tuple[Any, Any]:
-    """Loads (model, tokenizer) from a HF id or folder (optionally a GGUF file inside it), offline-safe."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or torch.float32, **kwargs)
-    model.to(device).eval()
-    return model, tokenizer
-
-
-def save_converted(model: Any, tokenizer: Any, target: str) -> None:
-    """Saves a GGUF-loaded model as safetensors (``save_pretrained`` refuses GGUF-quantized configs)."""
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = type(model)(config)
-    plain.load_state_dict(model.state_dict())
-    plain.save_pretrained(target)
-    tokenizer.save_pretrained(target)

@@ -45,7 +45,7 @@ def converted_dir() -> Path:
     target = cache_home() / "models" / ALIAS
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
-    from .models import load_model, save_converted
+    from .loading import load_model, save_converted
 
     gguf = gguf_path()
     model, tokenizer = load_model(str(gguf.parent), device="cpu", dtype=None, gguf_file=gguf.name)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .blend import BlendInput
-from .prompt import Segment
-from .store import ChunkKV
+from ..blending.blend import BlendInput
+from .tokenize import Segment
+from ..stores.record import ChunkRecord
 
 
 @dataclass
@@ -27,17 +27,17 @@ class Assembled:
 def assemble(
     segments: Sequence[Segment],
     tokenize: Callable[[str], list[int]],
-    lookup: Callable[[list[int]], ChunkKV | None] | None,
-    lead_ids: Sequence[int],
+    lookup: Callable[[list[int]], ChunkRecord | None] | None,
+    bos_ids: Sequence[int],
     device: torch.device,
 ) -> Assembled:
     """Tokenizes each segment on its own and fetches the KV of chunk segments via ``lookup``.
 
-    ``lookup`` is None for a full prefill (nothing is read). ``lead_ids`` (a BOS the tokenizer
-    always adds, say) go first. The cached tensor holds zeros in uncached rows.
+    ``lookup`` is None for a full prefill (nothing is read). ``bos_ids`` (the BOS the tokenizer
+    adds to every encoding, or nothing) go first. The cached tensor holds zeros in uncached rows.
     """
-    ids: list[int] = list(lead_ids)
-    parts: list[tuple[int, ChunkKV | None]] = [(len(ids), None)]
+    ids: list[int] = list(bos_ids)
+    parts: list[tuple[int, ChunkRecord | None]] = [(len(ids), None)]
     offsets: list[torch.Tensor] = [torch.zeros(len(ids), dtype=torch.long)]
     hits = misses = cached_tokens = 0
     load_s = 0.0
@@ -70,7 +70,7 @@ def assemble(
     return Assembled(blend_input, hits, misses, cached_tokens, load_s)
 
 
-def _stack(parts: list[tuple[int, ChunkKV | None]], device: torch.device) -> torch.Tensor:
+def _stack(parts: list[tuple[int, ChunkRecord | None]], device: torch.device) -> torch.Tensor:
     """[layers, 2, kv_heads, N, head_dim] in the records' dtype, zeros where nothing is cached."""
     template = next(rec.kv for _, rec in parts if rec is not None)
     layers, two, heads, _, dim = template.shape

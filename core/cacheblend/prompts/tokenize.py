@@ -96,6 +96,16 @@ def chat_lead(tokenizer: Any) -> str | None:
     return render_chat(tokenizer, [{"role": "user", "content": user}], add_generation_prompt=False).split(user)[0]
 
 
+def chunk_context_ids(tokenizer: Any, mode: str) -> list[int]:
+    """The tokens every chunk is warmed behind (``BlendConfig.chunk_context``): the chat template's
+    system header (``system``; a BOS for models without a template), the BOS (``bos``) or nothing."""
+    lead = chat_lead(tokenizer) if mode == "system" else None
+    if lead:
+        return tokenize(tokenizer, lead)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return [bos] if mode != "none" and bos is not None else []
+
+
 def tokenize(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` on its own, special tokens in the text recognised, none added."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -15,7 +15,7 @@ from typing import Any, NewType
 
 import torch
 
-from .store import LAYOUT_VERSION
+from .record import LAYOUT_VERSION
 
 Fingerprint = NewType("Fingerprint", str)
 ChunkKey = NewType("ChunkKey", str)

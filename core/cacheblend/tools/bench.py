@@ -22,14 +22,16 @@ from pathlib import Path
 
 import torch
 
-from .blend import BlendInput, blend_prefill, encode_chunks
-from .config import BlendConfig
+from ..blending.blend import BlendInput, blend_prefill
+from ..blending.encode import encode_chunks
+from ..blending.selection import NoneSelector
+from ..config import BlendConfig
+from ..engine import BlendEngine
+from ..generation.decode import Prefilled
+from ..result import BlendStats
+from ..stores import MemoryStore
 from .datasets import QAExample
-from .engine import BlendEngine, Prefilled
 from .quality import answer_kl, best_f1, token_f1
-from .result import BlendStats
-from .selection import NoneSelector
-from .store import MemoryStore
 
 QA_PREFIX = "Answer the question using the passages. Reply with a short answer only."
 

@@ -35,12 +35,12 @@ def pydoc_passages(count_tokens: Callable[[str], int], max_tokens: int = 512) ->
 
     passages = []
     for title in sorted(topics):
-        for text in _pack(topics[title], count_tokens, max_tokens):
+        for text in pack_paragraphs(topics[title], count_tokens, max_tokens):
             passages.append(Passage(title, text))
     return passages
 
 
-def _pack(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
+def pack_paragraphs(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
     """Greedily joins paragraphs while the result stays within ``max_tokens``; long paragraphs
     are cut by lines, then kept whole if a single line is still too long."""
     paragraphs = [p.strip("\n") for p in text.split("\n\n") if p.strip()]

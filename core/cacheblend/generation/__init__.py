@@ -1,0 +1,1 @@
+"""Decoding from a prefilled cache: sampling, stop strings, streaming text (``decode.py``)."""

@@ -1,0 +1,58 @@
+"""What the LangChain and LlamaIndex integrations share, once (their only door into the core
+besides ``cacheblend``'s own public names).
+
+- ``EngineFields``: the model and sampling fields of every framework LLM class (pydantic mixin).
+- ``Usage``: BlendStats as token usage (OpenAI's shape via ``.openai()``; cached tokens).
+- ``iterate_in_thread``: the async bridge from a blocking engine stream to an event loop.
+- ``SentenceEncoder`` / ``bundled_embedding_path``: offline sentence embeddings.
+- ``warm_texts`` / ``warmable`` / ``MIN_CHARS`` / ``ChunkTooLongWarning``: how an index warms
+  what it adds (short texts skipped, over-long ones skipped with a warning, never a lost batch).
+- ``KV_DIR`` / ``kv_store_dir`` / ``unstored_texts`` / ``write_json`` / ``read_json``: the KV
+  store beside a persisted index.
+
+Names load on first use; none of them imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .embeddings import SentenceEncoder, bundled_embedding_path
+    from .fields import EngineFields
+    from .persistence import KV_DIR, kv_store_dir, read_json, unstored_texts, write_json
+    from .threads import iterate_in_thread
+    from .usage import Usage
+    from .warming import MIN_CHARS, ChunkTooLongWarning, warm_texts, warmable
+
+_EXPORTS = {
+    "ChunkTooLongWarning": "warming",
+    "EngineFields": "fields",
+    "KV_DIR": "persistence",
+    "MIN_CHARS": "warming",
+    "SentenceEncoder": "embeddings",
+    "Usage": "usage",
+    "bundled_embedding_path": "embeddings",
+    "iterate_in_thread": "threads",
+    "kv_store_dir": "persistence",
+    "read_json": "persistence",
+    "unstored_texts": "persistence",
+    "warm_texts": "warming",
+    "warmable": "warming",
+    "write_json": "persistence",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
