@@ -12,8 +12,9 @@ sentence-transformers; the engine itself loads on the first call that needs it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cacheblend.integrations import lazy_exports
 
 if TYPE_CHECKING:
     from .chat_models import ChatCacheBlend
@@ -30,19 +31,8 @@ _EXPORTS = {
     "warm_documents": "warming",
     "warm_texts": "warming",
     "SentenceTransformerEmbeddings": "embeddings",
-    "BUNDLED_MODEL": "params",
+    "BUNDLED_MODEL": "params",  # cacheblend.BUNDLED_MODEL, re-exported
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -11,8 +11,9 @@ torch nor transformers, so the LangChain and LlamaIndex packages stay cheap to i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .blending.selection import (
@@ -37,44 +38,32 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-# public name -> (module, name in that module)
+# public name -> the module defining it (":name" where it is named differently there)
 _EXPORTS = {
-    "AllSelector": ("blending.selection", "AllSelector"),
-    "BUNDLED_MODEL": ("models.bundled", "ALIAS"),
-    "BlendConfig": ("config", "BlendConfig"),
-    "BlendEngine": ("engine", "BlendEngine"),
-    "BlendStats": ("result", "BlendStats"),
-    "Candidates": ("blending.selection", "Candidates"),
-    "ChunkFinder": ("prompts.finder", "ChunkFinder"),
-    "ChunkRecord": ("stores", "ChunkRecord"),
-    "ChunkStartSelector": ("blending.selection", "ChunkStartSelector"),
-    "DeviationSelector": ("blending.selection", "DeviationSelector"),
-    "DiskStore": ("stores", "DiskStore"),
-    "Generation": ("result", "Generation"),
-    "GenerationStream": ("generation.decode", "GenerationStream"),
-    "MemoryStore": ("stores", "MemoryStore"),
-    "NoneSelector": ("blending.selection", "NoneSelector"),
-    "Prefilled": ("generation.decode", "Prefilled"),
-    "RandomSelector": ("blending.selection", "RandomSelector"),
-    "SUPPORTED_MODELS": ("models.adapter", "SUPPORTED"),
-    "Selector": ("blending.selection", "Selector"),
-    "StoreChain": ("stores", "StoreChain"),
-    "StoreWarning": ("stores", "StoreWarning"),
-    "UnsupportedModelError": ("models.adapter", "UnsupportedModelError"),
-    "shared_engine": ("registry", "shared_engine"),
+    "AllSelector": "blending.selection",
+    "BUNDLED_MODEL": "models.bundled:ALIAS",
+    "BlendConfig": "config",
+    "BlendEngine": "engine",
+    "BlendStats": "result",
+    "Candidates": "blending.selection",
+    "ChunkFinder": "prompts.finder",
+    "ChunkRecord": "stores",
+    "ChunkStartSelector": "blending.selection",
+    "DeviationSelector": "blending.selection",
+    "DiskStore": "stores",
+    "Generation": "result",
+    "GenerationStream": "generation.decode",
+    "MemoryStore": "stores",
+    "NoneSelector": "blending.selection",
+    "Prefilled": "generation.decode",
+    "RandomSelector": "blending.selection",
+    "SUPPORTED_MODELS": "models.adapter:SUPPORTED",
+    "Selector": "blending.selection",
+    "StoreChain": "stores",
+    "StoreWarning": "stores",
+    "UnsupportedModelError": "models.adapter",
+    "shared_engine": "registry",
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _EXPORTS[name]
-    value = getattr(importlib.import_module(f".{module}", __name__), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -73,6 +73,11 @@ class BlendConfig:
             return {0: 0.0}
         return dict(zip(self.check_layers, self.ratios))
 
+    def check_model_layers(self, num_layers: int) -> None:
+        """ValueError when a check layer is past the last layer of a ``num_layers``-layer model."""
+        if max(self.check_layers) >= num_layers:
+            raise ValueError(f"check layer {max(self.check_layers)} does not exist; the model has {num_layers} layers")
+
     def with_ratio(self, ratio: float) -> BlendConfig:
         """This config with its final recompute ratio set to ``ratio``.
 

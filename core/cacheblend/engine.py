@@ -5,8 +5,8 @@
     out = engine.generate(chunks=passages[:3], query="Who ...?")
     out = engine.generate(prompt=any_prompt_that_contains_warmed_passages)
 
-The algorithm's order lives in ``blend.py``; this module wires tokenization, stores, selection
-and decoding around it.
+The algorithm's order lives in ``blending/blend.py`` and the warming pipeline in ``warming.py``;
+this module wires tokenization, stores, selection and decoding around them.
 """
 
 from __future__ import annotations
@@ -21,18 +21,19 @@ from typing import Any
 import torch
 
 from . import warming
-from .blending.blend import BlendOutput, blend_prefill
+from .blending.blend import blend_prefill
 from .blending.selection import Selector, make_selector
 from .config import BlendConfig
 from .generation.decode import Decoding, GenerationStream, Prefilled, Sampling, eos_ids
 from .models import bundled
 from .models.adapter import adapt
 from .models.loading import load_pretrained
-from .prompts.assemble import Assembled, assemble
+from .prompts.assemble import assemble
 from .prompts.finder import ChunkFinder
 from .prompts.tokenize import (
     Segment,
     bos_to_add,
+    check_request,
     chunk_context_ids,
     clean_chunk,
     has_chat_template,
@@ -41,8 +42,17 @@ from .prompts.tokenize import (
     segments_from_prompt,
     tokenize,
 )
-from .result import BlendStats, Generation
-from .stores import ChunkKey, ChunkRecord, DiskStore, MemoryStore, StoreChain, StoreWarning, chunk_key, model_fingerprint
+from .result import Generation
+from .stores import (
+    ChunkKey,
+    ChunkRecord,
+    DiskStore,
+    MemoryStore,
+    StoreChain,
+    StoreWarning,
+    chunk_key,
+    model_fingerprint,
+)
 
 
 class BlendEngine:
@@ -62,9 +72,9 @@ class BlendEngine:
         self.adapter = adapt(model)
         self.tokenizer = tokenizer
         self.name = name or str(getattr(model.config, "_name_or_path", "") or model.config.model_type)
-        _check_layers(self.config, self.adapter.num_layers)
+        self.config.check_model_layers(self.adapter.num_layers)
         self.selector = selector
-        self.context_ids = chunk_context_ids(tokenizer, self.config.chunk_context)  # every chunk is warmed behind these
+        self.context_ids = chunk_context_ids(tokenizer, self.config.chunk_context)  # each chunk is warmed behind
         self.bos_ids = bos_to_add(tokenizer)  # what the tokenizer puts before every prompt
         self.fingerprint = model_fingerprint(
             model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.context_ids
@@ -177,17 +187,10 @@ class BlendEngine:
     ) -> list[Segment]:
         """The request as segments: a raw prompt searched for warmed chunks, or explicit chunks
         wrapped by the chat template (chat models) around ``prefix`` and ``query``."""
+        check_request(prompt, chunks, query, prefix)
         if prompt is not None:
-            if chunks is not None or query is not None or prefix is not None:
-                raise ValueError("pass either prompt, or chunks with query (and optional prefix), not both")
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError("prompt must be a non-empty string")
             with self._lock:
                 return segments_from_prompt(prompt, self.finder)
-        if chunks is None or query is None:
-            raise ValueError("pass a prompt, or chunks and a query")
-        if not chunks:
-            raise ValueError("chunks is empty; pass at least one chunk, or use prompt= for a plain prompt")
         cleaned = [clean_chunk(c) for c in chunks]
         return request_segments(self.tokenizer, cleaned, query, prefix, self.is_chat_model)
 
@@ -208,7 +211,7 @@ class BlendEngine:
 
     def _prefill(self, segments, ratio, config, started) -> Prefilled:
         cfg = config or self.config
-        _check_layers(cfg, self.adapter.num_layers)
+        cfg.check_model_layers(self.adapter.num_layers)
         cfg = cfg.with_ratio(ratio) if ratio is not None else cfg
         full = cfg.recompute_ratio >= 1.0 or cfg.selector == "all"
         with self._lock:
@@ -219,7 +222,7 @@ class BlendEngine:
         selector = self.selector if self.selector is not None and config is None else make_selector(cfg)
         t = time.perf_counter()
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule())
-        stats = _stats(asm, out, cfg.recompute_ratio if not full else 1.0)
+        stats = asm.stats(out.recomputed, cfg.recompute_ratio if not full else 1.0)
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started
         return Prefilled(self.adapter, asm.input.ids, out, stats)
@@ -285,23 +288,3 @@ class BlendEngine:
         stop = sampling.pop("stop", None)
         decoding = Decoding(max_new_tokens, Sampling(**sampling), stop)
         return self._stream(lambda t0: prefilled, decoding).consume()
-
-
-# -- helpers ------------------------------------------------------------------------------------
-def _stats(asm: Assembled, out: BlendOutput, ratio: float) -> BlendStats:
-    n = asm.input.ids.shape[0]
-    return BlendStats(
-        prompt_tokens=n,
-        reused_tokens=n - out.recomputed,
-        recomputed_tokens=out.recomputed,
-        cached_tokens=asm.cached_tokens,
-        chunk_hits=asm.hits,
-        chunk_misses=asm.misses,
-        recompute_ratio=ratio,
-        load_s=asm.load_s,
-    )
-
-
-def _check_layers(config: BlendConfig, num_layers: int) -> None:
-    if max(config.check_layers) >= num_layers:
-        raise ValueError(f"check layer {max(config.check_layers)} does not exist; the model has {num_layers} layers")

@@ -11,6 +11,7 @@ from llama_index.core.ingestion.pipeline import get_transformation_hash
 from llama_index.core.schema import ImageNode, TextNode
 
 from cacheblend import DiskStore
+from cacheblend.integrations import ChunkTooLongWarning
 from llama_index_cacheblend import KVCacheWarmer, SkippedNodeWarning, faiss_storage_context, llm_texts
 
 PNG_B64 = (
@@ -99,3 +100,14 @@ def test_nodes_without_text_are_skipped_with_a_warning_or_refused_when_strict(tm
     strict = KVCacheWarmer(store_dir=str(tmp_path / "kv"), strict=True)
     with pytest.raises(ValueError, match="3 node\\(s\\) have no text"):
         strict(nodes)
+
+
+def test_an_over_long_node_is_skipped_with_a_warning_and_the_rest_of_the_batch_is_warmed(tmp_path):
+    """The policy both integrations share: a node too long to be a chunk never loses its batch,
+    and a short text is not warmed (it would be cut out of prompts that contain it as a word)."""
+    warmer = KVCacheWarmer(store_dir=str(tmp_path / "kv"))
+    normal = "A normal node about the over-long policy test, long enough to be warmed."
+    huge = "word " * (warmer.engine.context_window + 100)
+    with pytest.warns(ChunkTooLongWarning, match="exceeds the context window"):
+        keys = warmer.warm([TextNode(text=huge), TextNode(text="ferry"), TextNode(text=normal)])
+    assert len(keys) == 1 and stored_texts(warmer) == {normal}

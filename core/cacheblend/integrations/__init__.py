@@ -9,14 +9,16 @@ besides ``cacheblend``'s own public names).
   what it adds (short texts skipped, over-long ones skipped with a warning, never a lost batch).
 - ``KV_DIR`` / ``kv_store_dir`` / ``unstored_texts`` / ``write_json`` / ``read_json``: the KV
   store beside a persisted index.
+- ``lazy_exports``: public names that load on first use (how these packages stay torch-free).
 
 Names load on first use; none of them imports torch.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .embeddings import SentenceEncoder, bundled_embedding_path
@@ -43,16 +45,5 @@ _EXPORTS = {
     "write_json": "persistence",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__all__ = sorted([*_EXPORTS, "lazy_exports"])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

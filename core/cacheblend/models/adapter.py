@@ -1,8 +1,8 @@
 """ModelAdapter: the only module that touches transformers internals.
 
 It exposes a decoder-only model as the pieces of its layer loop (embed, qkv before RoPE, RoPE
-tables, attention, the rest of the layer, logits) so that ``blend.py`` can run the loop over a
-subset of rows. transformers 5.x renamed ``past_key_values`` to ``cache`` and moved RoPE settings to
+tables, attention, the rest of the layer, logits) so that ``blending/blend.py`` can run the loop
+over a subset of rows. transformers 5.x renamed ``past_key_values`` to ``cache`` and moved RoPE settings to
 ``config.rope_parameters``; all of that is absorbed here.
 
 Tensor conventions: hidden states [B, n, hidden]; q [B, heads, n, head_dim]; k, v

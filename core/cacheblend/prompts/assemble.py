@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..blending.blend import BlendInput
+from ..result import BlendStats
 from .tokenize import Segment
 from ..stores.record import ChunkRecord
 
@@ -22,6 +23,20 @@ class Assembled:
     misses: int
     cached_tokens: int
     load_s: float
+
+    def stats(self, recomputed: int, ratio: float) -> BlendStats:
+        """The prefill's statistics once ``recomputed`` tokens went through the last layer."""
+        n = self.input.ids.shape[0]
+        return BlendStats(
+            prompt_tokens=n,
+            reused_tokens=n - recomputed,
+            recomputed_tokens=recomputed,
+            cached_tokens=self.cached_tokens,
+            chunk_hits=self.hits,
+            chunk_misses=self.misses,
+            recompute_ratio=ratio,
+            load_s=self.load_s,
+        )
 
 
 def assemble(

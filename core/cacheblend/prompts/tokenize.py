@@ -37,6 +37,21 @@ def clean_chunk(text: str) -> str:
     return stripped
 
 
+def check_request(prompt: Any, chunks: Sequence[str] | None, query: str | None, prefix: str | None) -> None:
+    """ValueError unless the request is a non-empty ``prompt`` alone, or ``chunks`` (at least one)
+    with a ``query`` (and an optional ``prefix``)."""
+    if prompt is not None:
+        if chunks is not None or query is not None or prefix is not None:
+            raise ValueError("pass either prompt, or chunks with query (and optional prefix), not both")
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("prompt must be a non-empty string")
+        return
+    if chunks is None or query is None:
+        raise ValueError("pass a prompt, or chunks and a query")
+    if not chunks:
+        raise ValueError("chunks is empty; pass at least one chunk, or use prompt= for a plain prompt")
+
+
 def segments_from_prompt(prompt: str, finder: ChunkFinder) -> list[Segment]:
     """Splits ``prompt`` at the warmed chunk texts found in it."""
     segments, at = [], 0
