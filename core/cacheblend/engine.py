@@ -30,18 +30,16 @@ from .models.adapter import adapt
 from .models.loading import load_pretrained
 from .prompts.assemble import assemble
 from .prompts.finder import ChunkFinder
-from .prompts.tokenize import (
-    Segment,
-    bos_to_add,
+from .prompts.request import (
+    PromptText,
     check_request,
-    chunk_context_ids,
     clean_chunk,
     has_chat_template,
+    prompt_from_text,
     render_chat,
-    request_segments,
-    segments_from_prompt,
-    tokenize,
+    request_prompt,
 )
+from .prompts.tokenize import Encoding, chunk_context_ids, encode_chunk, encode_prompt
 from .result import Generation
 from .stores import (
     ChunkKey,
@@ -75,7 +73,6 @@ class BlendEngine:
         self.config.check_model_layers(self.adapter.num_layers)
         self.selector = selector
         self.context_ids = chunk_context_ids(tokenizer, self.config.chunk_context)  # each chunk is warmed behind
-        self.bos_ids = bos_to_add(tokenizer)  # what the tokenizer puts before every prompt
         self.fingerprint = model_fingerprint(
             model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.context_ids
         )
@@ -121,7 +118,12 @@ class BlendEngine:
         return has_chat_template(self.tokenizer)
 
     def count_tokens(self, text: str) -> int:
-        return len(tokenize(self.tokenizer, text))
+        """Tokens of ``text`` as a whole prompt (special tokens the tokenizer adds included)."""
+        return len(encode_prompt(self.tokenizer, text).ids)
+
+    def encode_chunk(self, text: str) -> Encoding:
+        """A chunk's tokens as they are warmed and looked up (as after a line break)."""
+        return encode_chunk(self.tokenizer, text)
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The model's chat template over role/content messages, ending with the assistant turn."""
@@ -145,7 +147,7 @@ class BlendEngine:
 
     def chunk_keys(self, texts: Iterable[str]) -> list[ChunkKey]:
         """The store keys of ``texts`` (no compute): e.g. to see which a store already holds."""
-        return [chunk_key(self.fingerprint, tokenize(self.tokenizer, clean_chunk(t))) for t in texts]
+        return [chunk_key(self.fingerprint, self.encode_chunk(clean_chunk(t)).ids) for t in texts]
 
     def is_warm(self, text: str) -> bool:
         """Whether the KV of ``text`` is in memory or an attached store (no compute)."""
@@ -177,22 +179,21 @@ class BlendEngine:
         return [c.key for c in chunks]
 
     # -- prefill and generation -----------------------------------------------------------------
-    def segments(
+    def prompt_text(
         self,
         prompt: str | None = None,
         *,
         chunks: Sequence[str] | None = None,
         query: str | None = None,
         prefix: str | None = None,
-    ) -> list[Segment]:
-        """The request as segments: a raw prompt searched for warmed chunks, or explicit chunks
-        wrapped by the chat template (chat models) around ``prefix`` and ``query``."""
+    ) -> PromptText:
+        """The request as one prompt string with the spans of its chunks: a raw prompt searched for
+        warmed chunks, or explicit chunks wrapped by the chat template around ``prefix``/``query``."""
         check_request(prompt, chunks, query, prefix)
         if prompt is not None:
             with self._lock:
-                return segments_from_prompt(prompt, self.finder)
-        cleaned = [clean_chunk(c) for c in chunks]
-        return request_segments(self.tokenizer, cleaned, query, prefix, self.is_chat_model)
+                return prompt_from_text(prompt, self.finder)
+        return request_prompt(self.tokenizer, [clean_chunk(c) for c in chunks], query, prefix)
 
     def prefill(
         self,
@@ -206,18 +207,16 @@ class BlendEngine:
     ) -> Prefilled:
         """Blended prefill of a request. ``recompute_ratio`` 1.0 is a full prefill (no cache read)."""
         started = time.perf_counter()
-        segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
-        return self._prefill(segments, recompute_ratio, config, started)
+        text = self.prompt_text(prompt, chunks=chunks, query=query, prefix=prefix)
+        return self._prefill(text, encode_prompt(self.tokenizer, text.text), recompute_ratio, config, started)
 
-    def _prefill(self, segments, ratio, config, started) -> Prefilled:
+    def _prefill(self, text: PromptText, encoding: Encoding, ratio, config, started) -> Prefilled:
         cfg = config or self.config
         cfg.check_model_layers(self.adapter.num_layers)
         cfg = cfg.with_ratio(ratio) if ratio is not None else cfg
         full = cfg.recompute_ratio >= 1.0 or cfg.selector == "all"
         with self._lock:
-            asm = assemble(
-                segments, self._tokenize, None if full else self._lookup, self.bos_ids, self.adapter.device
-            )
+            asm = assemble(text, encoding, self.encode_chunk, None if full else self._lookup, self.adapter.device)
         self._check_length(asm.input.ids.shape[0])
         selector = self.selector if self.selector is not None and config is None else make_selector(cfg)
         t = time.perf_counter()
@@ -231,9 +230,6 @@ class BlendEngine:
         if n >= self.context_window:
             raise ValueError(f"the prompt has {n} tokens; the model's context window is {self.context_window}")
 
-    def _tokenize(self, text: str) -> list[int]:
-        return tokenize(self.tokenizer, text)
-
     def _lookup(self, ids: list[int]) -> ChunkRecord | None:
         return self.stores.get(chunk_key(self.fingerprint, ids))
 
@@ -246,8 +242,8 @@ class BlendEngine:
         prefix: str | None = None,
     ) -> list[int]:
         """The prompt's token ids as the engine feeds them (no compute, no cache read)."""
-        segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
-        return assemble(segments, self._tokenize, None, self.bos_ids, torch.device("cpu")).input.ids.tolist()
+        text = self.prompt_text(prompt, chunks=chunks, query=query, prefix=prefix)
+        return encode_prompt(self.tokenizer, text.text).ids
 
     def stream(
         self,
@@ -268,10 +264,11 @@ class BlendEngine:
 
         Arguments are validated here; the prefill starts with the first ``next()``.
         """
-        segments = self.segments(prompt, chunks=chunks, query=query, prefix=prefix)
+        text = self.prompt_text(prompt, chunks=chunks, query=query, prefix=prefix)
         decoding = Decoding(max_new_tokens, Sampling(temperature, top_p, top_k, seed), stop)
-        self._check_length(sum(len(self._tokenize(s.text)) for s in segments) + len(self.bos_ids))
-        return self._stream(lambda t0: self._prefill(segments, recompute_ratio, None, t0), decoding)
+        encoding = encode_prompt(self.tokenizer, text.text)
+        self._check_length(len(encoding.ids))
+        return self._stream(lambda t0: self._prefill(text, encoding, recompute_ratio, None, t0), decoding)
 
     def _stream(self, prefill, decoding: Decoding) -> GenerationStream:
         return GenerationStream(prefill, decoding, self.tokenizer, self.eos_ids, self.context_window)

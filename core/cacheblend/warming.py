@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .blending.encode import encode_padded
 from .models.loading import DTYPES
-from .prompts.tokenize import clean_chunk, tokenize
+from .prompts.request import clean_chunk
 from .stores import ChunkKey, ChunkRecord, DiskStore, chunk_key
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def prepare(engine: BlendEngine, texts) -> list[WarmChunk]:
     room = engine.max_chunk_tokens
     chunks = []
     for text in cleaned:
-        ids = tokenize(engine.tokenizer, text)
+        ids = engine.encode_chunk(text).ids
         if len(ids) > room:
             raise ValueError(f"a chunk of {len(ids)} tokens exceeds the context window ({room}): {text[:60]!r}...")
         chunks.append(WarmChunk(text, ids, chunk_key(engine.fingerprint, ids)))

@@ -6,7 +6,9 @@ import torch
 
 from cacheblend.prompts.assemble import assemble
 from cacheblend.blending.blend import blend_prefill
-from cacheblend.prompts.tokenize import Segment, chat_lead
+from cacheblend.prompts.finder import Span
+from cacheblend.prompts.request import PromptText
+from cacheblend.prompts.tokenize import chat_lead, encode_prompt
 from cacheblend.blending.selection import AllSelector, DeviationSelector
 
 from tiny_models import FAMILIES
@@ -34,13 +36,18 @@ def assert_kv_close(ours, reference, tol):
         torch.testing.assert_close(v[:, :, -rows:], rv, atol=tol, rtol=tol, msg=lambda m: f"V of layer {layer}: {m}")
 
 
-def blend(engine, segments, schedule, selector):
-    asm = assemble(segments, engine._tokenize, engine._lookup, engine.bos_ids, engine.adapter.device)
+def assembled(engine, text: PromptText):
+    encoding = encode_prompt(engine.tokenizer, text.text)
+    return assemble(text, encoding, engine.encode_chunk, engine._lookup, engine.adapter.device)
+
+
+def blend(engine, text, schedule, selector):
+    asm = assembled(engine, text)
     return asm, blend_prefill(engine.adapter, asm.input, selector, schedule)
 
 
 def request(engine, order=(0, 1, 2)):
-    return engine.segments(chunks=[CHUNKS[i] for i in order], query=QUESTION)
+    return engine.prompt_text(chunks=[CHUNKS[i] for i in order], query=QUESTION)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -79,8 +86,8 @@ def test_single_leading_chunk_behind_its_warm_context_is_exact_at_any_ratio(make
     engine = make_engine(family)
     engine.warm(CHUNKS[:1])
     lead = chat_lead(engine.tokenizer)
-    segments = [Segment(lead), Segment(CHUNKS[0], chunk=True), Segment("\n\n" + QUESTION)]
-    asm, out = blend(engine, segments, engine.config.with_ratio(ratio).schedule(), DeviationSelector("v"))
+    text = PromptText(lead + CHUNKS[0] + "\n\n" + QUESTION, (Span(len(lead), len(lead) + len(CHUNKS[0]), CHUNKS[0]),))
+    asm, out = blend(engine, text, engine.config.with_ratio(ratio).schedule(), DeviationSelector("v"))
     assert asm.hits == 1 and asm.input.ids[: len(engine.context_ids)].tolist() == engine.context_ids
     logits, kv = hf_reference(engine, asm.input.ids)
     torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-4)
@@ -93,8 +100,7 @@ def test_every_uncached_token_is_recomputed(make_engine, family):
     recomputed, NaN would reach the logits or the KV."""
     engine = make_engine(family)
     engine.warm([CHUNKS[0], CHUNKS[2]])  # CHUNKS[1] misses
-    segments = request(engine, (1, 0, 2))
-    asm = assemble(segments, engine._tokenize, engine._lookup, engine.bos_ids, engine.adapter.device)
+    asm = assembled(engine, request(engine, (1, 0, 2)))
     assert (asm.hits, asm.misses) == (2, 1)
     asm.input.cached[:, :, :, ~asm.input.reused] = float("nan")
     for schedule in ({0: 0.0}, {1: 0.0}, {1: 0.3}, {1: 0.5, 2: 0.1}):
@@ -144,7 +150,7 @@ def test_any_subset_of_chunks_may_hit(make_engine):
     engine.warm([CHUNKS[1]])
     pre = engine.prefill(chunks=CHUNKS, query=QUESTION, recompute_ratio=0.0)
     assert (pre.stats.chunk_hits, pre.stats.chunk_misses) == (1, 2)
-    assert pre.stats.reused_tokens == engine.count_tokens(CHUNKS[1])
+    assert pre.stats.reused_tokens == len(engine.encode_chunk(CHUNKS[1]).ids)
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
@@ -153,10 +159,11 @@ def test_prefix_caching_baseline_equals_full_prefill(make_engine, family):
 
     engine = make_engine(family)
     ids = engine.token_ids(chunks=CHUNKS, query=QUESTION)
-    head = engine.segments(chunks=CHUNKS, query=QUESTION)[0].text
-    prefix = PrefixCache(engine, engine._tokenize(head))
+    text = engine.prompt_text(chunks=CHUNKS, query=QUESTION)
+    head = encode_prompt(engine.tokenizer, text.text[: text.chunks[0].start]).ids
+    prefix = PrefixCache(engine, head)
     pre = prefix.prefill(ids)
     logits, kv = hf_reference(engine, torch.tensor(ids))
-    assert pre.stats.reused_tokens == len(engine._tokenize(head)) > 0
+    assert pre.stats.reused_tokens == len(head) > 0
     torch.testing.assert_close(pre.output.logits, logits, atol=1e-5, rtol=1e-5)
     assert_kv_close(pre.output.kv, kv, 1e-5)

@@ -1,7 +1,7 @@
 """Finding warmed chunk texts inside arbitrary prompts."""
 
 from cacheblend import ChunkFinder
-from cacheblend.prompts.tokenize import Segment, segments_from_prompt
+from cacheblend.prompts.request import prompt_from_text
 
 A = "Alpha passage: the river Ost freezes in March, and the ferries stop for nine days."
 B = "Beta passage: café owners in Lünen serve ✓ spiced tea — always with two biscuits."
@@ -23,12 +23,12 @@ def test_same_chunk_twice_and_unicode():
     assert [s.text for s in finder.find(prompt)] == [B, B]
 
 
-def test_segments_cover_the_prompt_exactly():
+def test_prompt_text_keeps_the_prompt_and_locates_its_chunks():
     finder = ChunkFinder([A, B])
     prompt = f"pre {A} mid {B} post"
-    segs = segments_from_prompt(prompt, finder)
-    assert "".join(s.text for s in segs) == prompt
-    assert segs == [Segment("pre "), Segment(A, True), Segment(" mid "), Segment(B, True), Segment(" post")]
+    found = prompt_from_text(prompt, finder)
+    assert found.text == prompt
+    assert [(s.start, s.end, s.text) for s in found.chunks] == [(4, 4 + len(A), A), (9 + len(A), 9 + len(A) + len(B), B)]
 
 
 def test_altered_chunk_is_not_found():

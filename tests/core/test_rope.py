@@ -35,7 +35,7 @@ def test_realigned_keys_equal_keys_at_target_positions(make_engine, rope, offset
     (key,) = engine.warm([TEXT])
     stored = engine.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
     lead, n = len(engine.context_ids), stored.shape[3]
-    ids = torch.tensor([engine.context_ids + engine._tokenize(TEXT)])
+    ids = torch.tensor([engine.context_ids + engine.encode_chunk(TEXT).ids])
     pos = torch.arange(ids.shape[1])[None] + offset
     out = engine.adapter.model(input_ids=ids, position_ids=pos, use_cache=True)
     cos, sin = engine.adapter.rope(pos[0, lead:])
@@ -44,7 +44,7 @@ def test_realigned_keys_equal_keys_at_target_positions(make_engine, rope, offset
         realigned = apply_rope(stored[layer, 0], cos, sin)
         torch.testing.assert_close(realigned, model_keys, atol=2e-5, rtol=1e-4, msg=f"layer {layer}")
         torch.testing.assert_close(stored[layer, 1], cache_layer.values[0, :, lead:], atol=2e-5, rtol=1e-4)
-    assert n == len(engine._tokenize(TEXT))
+    assert n == len(engine.encode_chunk(TEXT).ids)
 
 
 def test_rotate_half_and_rotation_preserve_norms():

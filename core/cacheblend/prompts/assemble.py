@@ -1,17 +1,27 @@
-"""Assembling a prompt's token ids and cached KV from its segments and the stores."""
+"""Assembling a prompt's token ids and cached KV: one tokenization, chunk KV reused inside it.
+
+The prompt's ids come from one tokenization of the whole text (``encode_prompt``). Each chunk span
+is looked up by its own encoding (``encode_chunk``, the ids it was warmed with); a prompt token
+reuses the cached row of the chunk token with the same character span (relative to the chunk) and
+the same id. Everything else (template, separators, question, chunks that missed, and chunk-edge
+tokens that merged with the text around them) is uncached and always recomputed.
+"""
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..blending.blend import BlendInput
 from ..result import BlendStats
-from .tokenize import Segment
 from ..stores.record import ChunkRecord
+from .finder import Span
+from .request import PromptText
+from .tokenize import Encoding
 
 
 @dataclass
@@ -39,59 +49,77 @@ class Assembled:
         )
 
 
+def aligned_rows(prompt: Encoding, span: Span, chunk: Encoding) -> tuple[list[int], list[int]]:
+    """(prompt token indices, chunk token indices) of the tokens the two tokenizations share:
+    same character span relative to the chunk, same id."""
+    by_span = {offset: (j, tok) for j, (tok, offset) in enumerate(zip(chunk.ids, chunk.offsets))}
+    starts = [a for a, _ in prompt.offsets]  # non-decreasing
+    at = [], []
+    for i in range(bisect.bisect_left(starts, span.start), len(prompt.ids)):
+        a, b = prompt.offsets[i]
+        if a >= span.end:
+            break
+        hit = by_span.get((a - span.start, b - span.start))
+        if hit is not None and hit[1] == prompt.ids[i] and b > a:
+            at[0].append(i)
+            at[1].append(hit[0])
+    return at
+
+
 def assemble(
-    segments: Sequence[Segment],
-    tokenize: Callable[[str], list[int]],
+    prompt: PromptText,
+    encoding: Encoding,
+    encode_chunk: Callable[[str], Encoding],
     lookup: Callable[[list[int]], ChunkRecord | None] | None,
-    bos_ids: Sequence[int],
     device: torch.device,
 ) -> Assembled:
-    """Tokenizes each segment on its own and fetches the KV of chunk segments via ``lookup``.
+    """The blend input of ``prompt`` (tokenized as ``encoding``), chunk KV fetched via ``lookup``.
 
-    ``lookup`` is None for a full prefill (nothing is read). ``bos_ids`` (the BOS the tokenizer
-    adds to every encoding, or nothing) go first. The cached tensor holds zeros in uncached rows.
+    ``lookup`` is None for a full prefill (nothing is read). The cached tensor holds zeros in
+    uncached rows.
     """
-    ids: list[int] = list(bos_ids)
-    parts: list[tuple[int, ChunkRecord | None]] = [(len(ids), None)]
-    offsets: list[torch.Tensor] = [torch.zeros(len(ids), dtype=torch.long)]
-    hits = misses = cached_tokens = 0
-    load_s = 0.0
-    for seg in segments:
-        seg_ids = tokenize(seg.text)
-        if not seg_ids:
-            continue
-        record = None
-        if seg.chunk and lookup is not None:
-            t = time.perf_counter()
-            record = lookup(seg_ids)
-            load_s += time.perf_counter() - t
-            hits, misses = hits + (record is not None), misses + (record is None)
-        cached_tokens += len(seg_ids) if record is not None else 0
-        ids.extend(seg_ids)
-        parts.append((len(seg_ids), record))
-        offsets.append(torch.arange(len(seg_ids)) if seg.chunk else torch.zeros(len(seg_ids), dtype=torch.long))
-    if not ids:
+    n = len(encoding.ids)
+    if n == 0:
         raise ValueError("the prompt is empty")
+    found: list[tuple[ChunkRecord, list[int], list[int]]] = []
+    hits = misses = 0
+    load_s = 0.0
+    for span in prompt.chunks if lookup is not None else ():
+        chunk = encode_chunk(span.text)
+        t = time.perf_counter()
+        record = lookup(chunk.ids)
+        load_s += time.perf_counter() - t
+        hits, misses = hits + (record is not None), misses + (record is None)
+        if record is not None:
+            rows, chunk_rows = aligned_rows(encoding, span, chunk)
+            if rows:
+                found.append((record, rows, chunk_rows))
     t = time.perf_counter()
-    cached = _stack(parts, device) if cached_tokens else None
+    reused = torch.zeros(n, dtype=torch.bool)
+    offsets = torch.zeros(n, dtype=torch.long)
+    cached = _gather(found, n, device) if found else None
+    for _, rows, chunk_rows in found:
+        reused[rows] = True
+        offsets[rows] = torch.tensor(chunk_rows)
     load_s += time.perf_counter() - t
-    reused = torch.cat([torch.full((n,), rec is not None) for n, rec in parts])
     blend_input = BlendInput(
-        ids=torch.tensor(ids, dtype=torch.long, device=device),
+        ids=torch.tensor(encoding.ids, dtype=torch.long, device=device),
         reused=reused.to(device),
         cached=cached,
-        chunk_offsets=torch.cat(offsets).to(device),
+        chunk_offsets=offsets.to(device),
     )
-    return Assembled(blend_input, hits, misses, cached_tokens, load_s)
+    return Assembled(blend_input, hits, misses, int(reused.sum()), load_s)
 
 
-def _stack(parts: list[tuple[int, ChunkRecord | None]], device: torch.device) -> torch.Tensor:
+def _gather(found: list[tuple[ChunkRecord, list[int], list[int]]], n: int, device: torch.device) -> torch.Tensor:
     """[layers, 2, kv_heads, N, head_dim] in the records' dtype, zeros where nothing is cached."""
-    template = next(rec.kv for _, rec in parts if rec is not None)
-    layers, two, heads, _, dim = template.shape
-    blocks = [
-        rec.kv.to(device) if rec is not None else template.new_zeros((layers, two, heads, n, dim), device=device)
-        for n, rec in parts
-        if n
-    ]
-    return torch.cat(blocks, dim=3)
+    layers, two, heads, _, dim = found[0][0].kv.shape
+    cached = found[0][0].kv.new_zeros((layers, two, heads, n, dim), device=device)
+    for record, rows, chunk_rows in found:
+        src = record.kv.to(device)  # [layers, 2, kv_heads, T, head_dim]
+        if rows[-1] - rows[0] + 1 == len(rows) and chunk_rows[-1] - chunk_rows[0] + 1 == len(rows):
+            cached[:, :, :, rows[0] : rows[-1] + 1] = src[:, :, :, chunk_rows[0] : chunk_rows[-1] + 1]
+        else:  # a run with holes (tokens that tokenized differently inside the prompt)
+            idx = torch.tensor(rows, device=device)
+            cached.index_copy_(3, idx, src[:, :, :, torch.tensor(chunk_rows, device=device)])
+    return cached

@@ -1,114 +1,79 @@
-"""Turning a request into segments and token ids.
+"""Tokenizing a prompt once, exactly as the model's tokenizer does, and chunks as they appear in it.
 
-A prompt is a list of segments, each either a chunk (a warmed text whose KV may be reused) or
-plain text (prefix, template, separators, question: always computed). Every segment is
-tokenized on its own, so a chunk's tokens are the same wherever it lands and its key matches the
-one computed at warm time; no separator string is ever spliced into the user's text.
+The prompt is tokenized as one string (``encode_prompt``): a chat-template rendering already holds
+its BOS, so special tokens are added only when the text does not start with the BOS token; the ids
+are then those of ``apply_chat_template(tokenize=True)`` or ``tokenizer(prompt)``, whichever path
+made the text. A chunk is tokenized on its own the way it tokenizes after a line break
+(``encode_chunk``), which is how LangChain and LlamaIndex place retrieved texts (joined by blank
+lines, after a newline); character offsets then map each chunk token to the prompt token with the
+same text and id (``assemble.py``). Tokens at a chunk's edges that merged with neighbouring text
+("Context: The" -> " The") have no partner and are recomputed.
 
-For chat models the chat template wraps the segments: it is rendered once with sentinel strings
-in place of the contents and the rendered text is split at the sentinels.
+The context a chunk is warmed behind must not change from one day to the next: a chat template
+that writes today's date into its system header (Llama 3.2's ``strftime_now``) is rendered with a
+pinned date for it, or every stored chunk key would change at midnight.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from .finder import ChunkFinder
+from .request import SENTINEL, has_chat_template, render_chat
 
-CHUNK_SEPARATOR = "\n\n"
-_SENTINEL = "\x00cacheblend-{}\x00"
+CHUNK_LEAD = "\n"  # chunks are tokenized as they are after a line break
+PINNED_DATE = datetime.datetime(2024, 7, 26)  # Llama 3's own default ``date_string``
+_DATE_FORMATS = ("%d %b %Y", "%d %B %Y", "%Y-%m-%d", "%B %d, %Y", "%b %d, %Y", "%m/%d/%Y", "%A, %B %d, %Y")
 
 
 @dataclass(frozen=True)
-class Segment:
-    text: str
-    chunk: bool = False
+class Encoding:
+    """Token ids and each token's character span ``(start, end)`` in the encoded text."""
+
+    ids: list[int]
+    offsets: list[tuple[int, int]]
 
 
-def clean_chunk(text: str) -> str:
-    """The canonical form of a chunk text (stripped); empty or non-text input is a ValueError."""
-    if not isinstance(text, str):
-        raise ValueError(f"a chunk must be a string, got {type(text).__name__}")
-    stripped = text.strip()
-    if not stripped:
-        raise ValueError("a chunk must contain non-whitespace text")
-    return stripped
+def encode_prompt(tokenizer: Any, text: str) -> Encoding:
+    """The ids the model's own tokenizer gives the whole prompt: one BOS, never two."""
+    bos = getattr(tokenizer, "bos_token", None)
+    add = not (bos and text.startswith(bos))
+    return _encode(tokenizer, text, add)
 
 
-def check_request(prompt: Any, chunks: Sequence[str] | None, query: str | None, prefix: str | None) -> None:
-    """ValueError unless the request is a non-empty ``prompt`` alone, or ``chunks`` (at least one)
-    with a ``query`` (and an optional ``prefix``)."""
-    if prompt is not None:
-        if chunks is not None or query is not None or prefix is not None:
-            raise ValueError("pass either prompt, or chunks with query (and optional prefix), not both")
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("prompt must be a non-empty string")
-        return
-    if chunks is None or query is None:
-        raise ValueError("pass a prompt, or chunks and a query")
-    if not chunks:
-        raise ValueError("chunks is empty; pass at least one chunk, or use prompt= for a plain prompt")
+def encode_chunk(tokenizer: Any, text: str) -> Encoding:
+    """A chunk's tokens as they appear after a line break; offsets relative to the chunk."""
+    enc = _encode(tokenizer, CHUNK_LEAD + text, add_special_tokens=False)
+    n = len(CHUNK_LEAD)
+    kept = [(i, (a - n, b - n)) for i, (a, b) in zip(enc.ids, enc.offsets) if a >= n]
+    return Encoding([i for i, _ in kept], [o for _, o in kept])
 
 
-def segments_from_prompt(prompt: str, finder: ChunkFinder) -> list[Segment]:
-    """Splits ``prompt`` at the warmed chunk texts found in it."""
-    segments, at = [], 0
-    for span in finder.find(prompt):
-        if span.start > at:
-            segments.append(Segment(prompt[at : span.start]))
-        segments.append(Segment(span.text, chunk=True))
-        at = span.end
-    if at < len(prompt):
-        segments.append(Segment(prompt[at:]))
-    return segments
-
-
-def has_chat_template(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-    """The chat template applied to ``messages`` (role/content dicts), as a string."""
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
-
-
-def request_segments(
-    tokenizer: Any, chunks: Sequence[str], query: str, prefix: str | None, chat: bool
-) -> list[Segment]:
-    """Segments for an explicit (prefix, chunks, query) request.
-
-    Chat models: the system message is ``prefix`` (or the template's default), the user message
-    is the chunks joined by blank lines, a blank line, then the query. Base models: the same text
-    without a template.
-    """
-    body = [Segment(c, chunk=True) for c in chunks]
-    if not chat:
-        head = [Segment(prefix + CHUNK_SEPARATOR)] if prefix else []
-        return head + _join(body) + [Segment(CHUNK_SEPARATOR + query)]
-    user = _SENTINEL.format("user")
-    messages = [{"role": "system", "content": prefix}] if prefix else []
-    messages.append({"role": "user", "content": user})
-    before, after = render_chat(tokenizer, messages).split(user)
-    return [Segment(before)] + _join(body) + [Segment(CHUNK_SEPARATOR + query + after)]
-
-
-def _join(chunks: list[Segment]) -> list[Segment]:
-    out: list[Segment] = []
-    for i, seg in enumerate(chunks):
-        if i:
-            out.append(Segment(CHUNK_SEPARATOR))
-        out.append(seg)
-    return out
+def _encode(tokenizer: Any, text: str, add_special_tokens: bool) -> Encoding:
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"cacheblend needs a fast tokenizer (with offsets); got {type(tokenizer).__name__}")
+    enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    return Encoding(list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]])
 
 
 def chat_lead(tokenizer: Any) -> str | None:
-    """What the chat template puts before the first user message (system header included)."""
+    """What the chat template puts before the first user message (system header included), with
+    any date in it pinned to ``PINNED_DATE``."""
     if not has_chat_template(tokenizer):
         return None
-    user = _SENTINEL.format("lead")
-    return render_chat(tokenizer, [{"role": "user", "content": user}], add_generation_prompt=False).split(user)[0]
+    marker = SENTINEL.format("lead")
+    messages = [{"role": "user", "content": marker}]
+    before = datetime.datetime.now()
+    text = render_chat(tokenizer, messages, add_generation_prompt=False, date_string=PINNED_DATE.strftime("%d %b %Y"))
+    return _pin_dates(text.split(marker)[0], {before, datetime.datetime.now()})
+
+
+def _pin_dates(text: str, days: set[datetime.datetime]) -> str:
+    for day in days:
+        for fmt in _DATE_FORMATS:
+            text = text.replace(day.strftime(fmt), PINNED_DATE.strftime(fmt))
+    return text
 
 
 def chunk_context_ids(tokenizer: Any, mode: str) -> list[int]:
@@ -116,20 +81,6 @@ def chunk_context_ids(tokenizer: Any, mode: str) -> list[int]:
     system header (``system``; a BOS for models without a template), the BOS (``bos``) or nothing."""
     lead = chat_lead(tokenizer) if mode == "system" else None
     if lead:
-        return tokenize(tokenizer, lead)
+        return encode_prompt(tokenizer, lead).ids
     bos = getattr(tokenizer, "bos_token_id", None)
     return [bos] if mode != "none" and bos is not None else []
-
-
-def tokenize(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of ``text`` on its own, special tokens in the text recognised, none added."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def bos_to_add(tokenizer: Any) -> list[int]:
-    """[bos_id] when the tokenizer adds a BOS token to every encoding by default, else []."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        return []
-    ids = tokenizer("a")["input_ids"]
-    return [bos] if ids and ids[0] == bos else []

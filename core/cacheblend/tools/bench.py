@@ -112,8 +112,8 @@ def run(
     results = {name: MethodResult(name, None if cfg is None else cfg.recompute_ratio) for name, cfg in table.items()}
     results["full prefill"].ratio = 1.0
     first = examples[0]
-    header = engine.segments(chunks=first.passages, query=first.question, prefix=QA_PREFIX)[0].text
-    prefix = PrefixCache(engine, engine.bos_ids + engine._tokenize(header))
+    first_text = engine.prompt_text(chunks=first.passages, query=first.question, prefix=QA_PREFIX)
+    prefix = PrefixCache(engine, engine.token_ids(first_text.text[: first_text.chunks[0].start]))
     for i, ex in enumerate(examples):
         req = dict(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX)
         full = _timed(lambda: engine.prefill(**req, recompute_ratio=1.0), repeats, results["full prefill"], None)
