@@ -184,13 +184,15 @@ def plot(rows: list[dict], levels: list[int], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode, style in zip(MODES, ("o-", "s--")):
+    for mode, style, color in zip(MODES, ("o-", "s--"), ("tab:blue", "tab:orange")):
         mine = [r for r in rows if r["mode"] == mode]
-        left.plot(levels, [r["ttft_p50"] for r in mine], style, label=f"{mode} p50")
-        left.plot(levels, [r["ttft_p95"] for r in mine], style, alpha=0.4, label=f"{mode} p95")
-        right.plot(levels, [r["tokens_per_s"] for r in mine], style, label=mode)
+        left.plot(levels, [r["ttft_p50"] for r in mine], style, color=color, label=f"{mode} p50")
+        left.plot(levels, [r["ttft_p95"] for r in mine], style, color=color, alpha=0.35, label=f"{mode} p95")
+        right.plot(levels, [r["tokens_per_s"] for r in mine], style, color=color, label=f"{mode}: output")
+        right.plot(levels, [r["decode_tokens_per_s"] for r in mine], style, color=color, alpha=0.35,
+                   label=f"{mode}: decode only")
     left.set(xlabel="concurrent clients", ylabel="TTFT at the client (s)", xticks=levels, title="time to first token")
-    right.set(xlabel="concurrent clients", ylabel="output tokens / s (all clients)", xticks=levels,
+    right.set(xlabel="concurrent clients", ylabel="tokens / s (all clients)", xticks=levels,
               title="aggregate throughput")
     left.legend()
     right.legend()

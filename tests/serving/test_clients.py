@@ -36,7 +36,7 @@ def test_langchain_chat_openai_rag_chain_reads_cached_chunks_in_any_order(real_u
 
     docs = [topics[t].strip() for t in TOPICS]
     _warm(real_url, docs)
-    llm = ChatOpenAI(base_url=real_url, api_key="unused", model=real_engine.name, temperature=0, max_tokens=12,
+    llm = ChatOpenAI(base_url=real_url, api_key="unused", model=real_engine.name, temperature=0, max_tokens=6,
                      stream_usage=True)
     prompt = ChatPromptTemplate.from_messages([("system", SYSTEM), ("human", "{question}")])
 
