@@ -38,11 +38,11 @@ def create_app(
     model_names: list[str] | None = None,
     max_batch: int = 8,
     max_queue: int = 64,
-):
+) -> FastAPI:
     """An app serving ``engine``; ``store_dir``: where /v1/documents warms to (the attached disk store)."""
     metrics = Metrics()
     scheduler = Scheduler(engine, max_batch=max_batch, max_queue=max_queue, metrics=metrics)
-    names = list(model_names or [engine.name])
+    service = _Service(engine, scheduler, metrics, list(model_names or [engine.name]), api_key, store_dir)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -58,101 +58,104 @@ def create_app(
         metrics.request(request.url.path, exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
-    def authorize(request: Request) -> None:
-        if api_key is None:
+    app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", service.completions, methods=["POST"])
+    app.add_api_route("/v1/documents", service.documents, methods=["POST"])
+    app.add_api_route("/v1/models", service.models, methods=["GET"])
+    app.add_api_route("/health", service.health, methods=["GET"])
+    app.add_api_route("/metrics", service.prometheus, methods=["GET"])
+    return app
+
+
+class _Service:
+    """The routes' work: authorization, parsing, handing jobs to the scheduler, formatting."""
+
+    def __init__(self, engine, scheduler: Scheduler, metrics: Metrics, names: list[str], api_key, store_dir):
+        self.engine, self.scheduler, self.metrics, self.names = engine, scheduler, metrics, names
+        self.api_key, self.store_dir = api_key, store_dir
+
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
             return
         header = request.headers.get("authorization", "")
         token = header[7:] if header[:7].lower() == "bearer " else ""
-        if not hmac.compare_digest(token.encode(), api_key.encode()):
+        if not hmac.compare_digest(token.encode(), self.api_key.encode()):
             raise APIError(401, "Incorrect or missing API key", code="invalid_api_key")
 
-    async def read_json(request: Request) -> Any:
+    async def read_json(self, request: Request) -> Any:
+        self.authorize(request)
         try:
             return json.loads(await request.body())
         except ValueError:
             raise bad("the request body is not valid JSON") from None
 
-    async def generate(request: Request, kind: str):
-        authorize(request)
-        body = await read_json(request)
-        parsed = parse_chat(body, engine.tokenizer) if kind == "chat" else parse_completion(body)
-        if parsed.model not in names:
-            raise APIError(404, f"The model '{parsed.model}' does not exist; this server serves {names}",
+    async def chat_completions(self, request: Request):
+        return await self.generate(request, "chat")
+
+    async def completions(self, request: Request):
+        return await self.generate(request, "text")
+
+    async def generate(self, request: Request, kind: str):
+        body = await self.read_json(request)
+        parsed = parse_chat(body, self.engine.tokenizer) if kind == "chat" else parse_completion(body)
+        if parsed.model not in self.names:
+            raise APIError(404, f"The model '{parsed.model}' does not exist; this server serves {self.names}",
                            code="model_not_found", param="model")
         job = Job(parsed.prompt, parsed.max_tokens, parsed.sampling, parsed.stop, parsed.recompute_ratio,
                   parsed.documents)
-        events = _submit(scheduler, job)
+        events = _submit(self.scheduler, job)
         try:
             first = await _next(events, job, request)
             if first.kind == "error":
                 raise _api_error(first.error)
             fmt = Formatter(kind, parsed.model)
             if parsed.stream:
-                metrics.request(request.url.path, 200)
-                stream = _stream(events, job, fmt, parsed.include_usage)
-                return StreamingResponse(stream, media_type="text/event-stream")
-            text, event = [], first
-            while event.kind != "done":
-                event = await _next(events, job, request)
-                if event.kind == "error":
-                    raise _api_error(event.error)
-                text.append(event.text)
-            metrics.request(request.url.path, 200)
-            return JSONResponse(fmt.response("".join(text), event.stats))
+                self.metrics.request(request.url.path, 200)
+                return StreamingResponse(_stream(events, job, fmt, parsed.include_usage), media_type="text/event-stream")
+            answer = await _collect(events, job, request, fmt)
+            self.metrics.request(request.url.path, 200)
+            return JSONResponse(answer)
         except _ClientGone:
-            metrics.request(request.url.path, 499)
+            self.metrics.request(request.url.path, 499)
             return Response(status_code=499)  # nobody reads it; the job is cancelled
         except asyncio.CancelledError:
             job.cancelled.set()
             raise
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await generate(request, "chat")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await generate(request, "text")
-
-    @app.post("/v1/documents")
-    async def documents(request: Request):
+    async def documents(self, request: Request):
         """Warms texts into the server's store; ``cached`` says which were stored already."""
-        authorize(request)
-        texts = parse_documents(await read_json(request))
+        texts = parse_documents(await self.read_json(request))
+        engine = self.engine
 
         def warm():
             before = [engine.is_warm(t) for t in texts]
-            return before, engine.warm(texts, store_dir=store_dir)
+            return before, engine.warm(texts, store_dir=self.store_dir)
 
         try:
-            before, keys = await scheduler.call(warm)
+            before, keys = await self.scheduler.call(warm)
         except QueueFull:
             raise _queue_full() from None
         except ValueError as exc:
             raise bad(str(exc), "documents") from None
-        metrics.request(request.url.path, 200)
+        self.metrics.request(request.url.path, 200)
         data = [{"object": "document", "id": k, "cached": c} for k, c in zip(keys, before)]
         return {"object": "list", "data": data, "warmed": before.count(False)}
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        authorize(request)
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "cacheblend"} for n in names]
+    async def models(self, request: Request):
+        self.authorize(request)
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "cacheblend"} for n in self.names]
         return {"object": "list", "data": data}
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "model": names[0], "active": scheduler.active, "queued": scheduler.queue_depth}
+    async def health(self):
+        s = self.scheduler
+        return {"status": "ok", "model": self.names[0], "active": s.active, "queued": s.queue_depth}
 
-    @app.get("/metrics")
-    async def prometheus():
+    async def prometheus(self):
         gauges = {
-            "active_sequences": ("Sequences in the decode batch", lambda: scheduler.active),
-            "store_memory_bytes": ("Chunk KV held in the memory store", lambda: engine.stores.memory.nbytes),
+            "active_sequences": ("Sequences in the decode batch", lambda: self.scheduler.active),
+            "store_memory_bytes": ("Chunk KV held in the memory store", lambda: self.engine.stores.memory.nbytes),
         }
-        return PlainTextResponse(metrics.render(gauges), media_type="text/plain; version=0.0.4")
-
-    return app
+        return PlainTextResponse(self.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
 
 def _submit(scheduler: Scheduler, job: Job) -> asyncio.Queue:
@@ -176,6 +179,17 @@ async def _next(events: asyncio.Queue, job: Job, request) -> Event:
             if await request.is_disconnected():
                 job.cancelled.set()
                 raise _ClientGone from None
+
+
+async def _collect(events: asyncio.Queue, job: Job, request, fmt: Formatter) -> dict:
+    """The whole answer of a non-streaming request (after its 'start' event)."""
+    text, event = [], None
+    while event is None or event.kind != "done":
+        event = await _next(events, job, request)
+        if event.kind == "error":
+            raise _api_error(event.error)
+        text.append(event.text)
+    return fmt.response("".join(text), event.stats)
 
 
 async def _stream(events: asyncio.Queue, job: Job, fmt: Formatter, include_usage: bool):
