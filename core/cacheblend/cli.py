@@ -4,6 +4,7 @@
     cacheblend warm DOCS --dir IDX       a folder of .txt/.md files or a .jsonl ({"text": ...}) into IDX
     cacheblend ask "question" --dir IDX  retrieve from IDX, answer with blending (--compare: vs full prefill)
     cacheblend bench [--dataset musique.json]
+    cacheblend serve                     an OpenAI-compatible server (bundled model, 127.0.0.1:8000)
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench_out")
     b.add_argument("--store", default=None, help="KV store directory (default: OUT/store)")
     b.set_defaults(func=cmd_bench)
+
+    from .serving.command import add_serve_parser
+
+    add_serve_parser(sub)
     return p
 
 

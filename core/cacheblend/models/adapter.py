@@ -131,6 +131,24 @@ class ModelAdapter:
             mask = mask & key_valid[:, None, None, :]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
 
+    def attend_step(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention of one new token per row, the rows at different positions (batched decoding).
+
+        q [B,H,1,d] (rotated) of the tokens at ``positions`` [B]; k, v [B,Hkv,N,d] where row b's
+        real keys are those at 0..positions[b] (the rest is padding). Returns [B, 1, H*d].
+        """
+        k_pos = torch.arange(k.shape[2], device=q.device)  # [N]
+        mask = k_pos[None, :] <= positions[:, None]  # [B, N]
+        window = self._windows[layer]
+        if window is not None:
+            mask = mask & (k_pos[None, :] > positions[:, None] - window)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask[:, None, None, :], scale=self.scaling, enable_gqa=True
+        )  # [B, H, 1, d]
+        return out.transpose(1, 2).reshape(q.shape[0], 1, -1)
+
     def finish(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """o_proj + residual, then the MLP block + residual. h [B,n,hidden] -> [B,n,hidden]."""
         block = self.layers[layer]

@@ -1,6 +1,18 @@
-"""Serving: the OpenAI-compatible HTTP server goes here (issue 12).
+"""The OpenAI-compatible server (``cacheblend serve``): chunk KV blending and continuous batching.
 
-An endpoint is a module here over ``BlendEngine`` (no engine internals): it maps a request to
-``engine.stream``/``generate`` and ``BlendStats`` to the response's usage with
-``cacheblend.integrations.Usage`` (``usage.prompt_tokens_details.cached_tokens``).
+    from cacheblend.serving import create_app, serve
+    serve(create_app(engine, store_dir="kv"), host="127.0.0.1", port=8000)
+
+Modules: ``app`` (routes), ``protocol`` (request validation, OpenAI errors), ``responses`` (bodies,
+SSE chunks), ``scheduler`` (the model thread: queue, admission, batched steps), ``batch`` (slot KV
+buffers and the batched decode forward), ``metrics`` (Prometheus text), ``command`` (the CLI).
+Needs the ``serve`` extra (FastAPI, uvicorn); names load on first use, so ``cacheblend --help``
+imports none of it.
 """
+
+from ..lazy import lazy_exports
+
+_EXPORTS = {"create_app": "app", "serve": "app"}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,233 @@
+"""The ASGI app: OpenAI routes over one engine, its work done by the model thread's scheduler.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/documents`` (warm texts
+into the server's store), ``GET /v1/models``; ``GET /health`` and ``GET /metrics`` (Prometheus) are
+not behind the API key, every ``/v1`` route is when one is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from .metrics import Metrics
+from .protocol import APIError, bad, parse_chat, parse_completion, parse_documents
+from .responses import Formatter, sse
+from .scheduler import ContextLengthExceeded, Event, Job, QueueFull, Scheduler
+
+RETRY_AFTER_S = 1
+_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def create_app(
+    engine: Any,
+    *,
+    store_dir: str | Path | None = None,
+    api_key: str | None = None,
+    model_names: list[str] | None = None,
+    max_batch: int = 8,
+    max_queue: int = 64,
+) -> FastAPI:
+    """An app serving ``engine``; ``store_dir``: where /v1/documents warms to (the attached disk store)."""
+    metrics = Metrics()
+    scheduler = Scheduler(engine, max_batch=max_batch, max_queue=max_queue, metrics=metrics)
+    service = _Service(engine, scheduler, metrics, list(model_names or [engine.name]), api_key, store_dir)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="cacheblend", lifespan=lifespan)
+    app.state.scheduler = scheduler
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        metrics.request(request.url.path, exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", service.completions, methods=["POST"])
+    app.add_api_route("/v1/documents", service.documents, methods=["POST"])
+    app.add_api_route("/v1/models", service.models, methods=["GET"])
+    app.add_api_route("/health", service.health, methods=["GET"])
+    app.add_api_route("/metrics", service.prometheus, methods=["GET"])
+    return app
+
+
+class _Service:
+    """The routes' work: authorization, parsing, handing jobs to the scheduler, formatting."""
+
+    def __init__(self, engine, scheduler: Scheduler, metrics: Metrics, names: list[str], api_key, store_dir):
+        self.engine, self.scheduler, self.metrics, self.names = engine, scheduler, metrics, names
+        self.api_key, self.store_dir = api_key, store_dir
+
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        token = header[7:] if header[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key", code="invalid_api_key")
+
+    async def read_json(self, request: Request) -> Any:
+        self.authorize(request)
+        try:
+            return json.loads(await request.body())
+        except ValueError:
+            raise bad("the request body is not valid JSON") from None
+
+    async def chat_completions(self, request: Request):
+        return await self.generate(request, "chat")
+
+    async def completions(self, request: Request):
+        return await self.generate(request, "text")
+
+    async def generate(self, request: Request, kind: str):
+        body = await self.read_json(request)
+        parsed = parse_chat(body, self.engine.tokenizer) if kind == "chat" else parse_completion(body)
+        if parsed.model not in self.names:
+            raise APIError(404, f"The model '{parsed.model}' does not exist; this server serves {self.names}",
+                           code="model_not_found", param="model")
+        job = Job(parsed.prompt, parsed.max_tokens, parsed.sampling, parsed.stop, parsed.recompute_ratio,
+                  parsed.documents)
+        events = _submit(self.scheduler, job)
+        try:
+            first = await _next(events, job, request)
+            if first.kind == "error":
+                raise _api_error(first.error)
+            fmt = Formatter(kind, parsed.model)
+            if parsed.stream:
+                self.metrics.request(request.url.path, 200)
+                return StreamingResponse(_stream(events, job, fmt, parsed.include_usage), media_type="text/event-stream")
+            answer = await _collect(events, job, request, fmt)
+            self.metrics.request(request.url.path, 200)
+            return JSONResponse(answer)
+        except _ClientGone:
+            self.metrics.request(request.url.path, 499)
+            return Response(status_code=499)  # nobody reads it; the job is cancelled
+        except asyncio.CancelledError:
+            job.cancelled.set()
+            raise
+
+    async def documents(self, request: Request):
+        """Warms texts into the server's store; ``cached`` says which were stored already."""
+        texts = parse_documents(await self.read_json(request))
+        engine = self.engine
+
+        def warm():
+            before = [engine.is_warm(t) for t in texts]
+            return before, engine.warm(texts, store_dir=self.store_dir)
+
+        try:
+            before, keys = await self.scheduler.call(warm)
+        except QueueFull:
+            raise _queue_full() from None
+        except ValueError as exc:
+            raise bad(str(exc), "documents") from None
+        self.metrics.request(request.url.path, 200)
+        data = [{"object": "document", "id": k, "cached": c} for k, c in zip(keys, before)]
+        return {"object": "list", "data": data, "warmed": before.count(False)}
+
+    async def models(self, request: Request):
+        self.authorize(request)
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "cacheblend"} for n in self.names]
+        return {"object": "list", "data": data}
+
+    async def health(self):
+        s = self.scheduler
+        return {"status": "ok", "model": self.names[0], "active": s.active, "queued": s.queue_depth}
+
+    async def prometheus(self):
+        gauges = {
+            "active_sequences": ("Sequences in the decode batch", lambda: self.scheduler.active),
+            "store_memory_bytes": ("Chunk KV held in the memory store", lambda: self.engine.stores.memory.nbytes),
+        }
+        return PlainTextResponse(self.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+
+
+def _submit(scheduler: Scheduler, job: Job) -> asyncio.Queue:
+    try:
+        return scheduler.submit(job)
+    except QueueFull:
+        raise _queue_full() from None
+
+
+def _queue_full() -> APIError:
+    return APIError(429, "The server is busy: its request queue is full; retry later", kind="rate_limit_error",
+                    code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+async def _next(events: asyncio.Queue, job: Job, request) -> Event:
+    """The job's next event; gives up (cancelling the job) when the client disconnects."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), _POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                raise _ClientGone from None
+
+
+async def _collect(events: asyncio.Queue, job: Job, request, fmt: Formatter) -> dict:
+    """The whole answer of a non-streaming request (after its 'start' event)."""
+    text, event = [], None
+    while event is None or event.kind != "done":
+        event = await _next(events, job, request)
+        if event.kind == "error":
+            raise _api_error(event.error)
+        text.append(event.text)
+    return fmt.response("".join(text), event.stats)
+
+
+async def _stream(events: asyncio.Queue, job: Job, fmt: Formatter, include_usage: bool):
+    """SSE for one job; a disconnect cancels this generator, and ``finally`` frees the slot."""
+    try:
+        opening = fmt.opening(include_usage)
+        if opening:
+            yield opening
+        while True:
+            event = await events.get()
+            if event.kind == "text":
+                yield fmt.chunk(event.text, with_usage=include_usage)
+            elif event.kind == "error":
+                yield sse(_api_error(event.error).body())
+                break
+            elif event.kind == "done":
+                yield fmt.chunk(None, event.stats.finish_reason, with_usage=include_usage)
+                if include_usage:
+                    yield fmt.usage_chunk(event.stats)
+                break
+        yield sse("[DONE]")
+    finally:
+        job.cancelled.set()
+
+
+def _api_error(exc: Exception) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextLengthExceeded):
+        return bad(str(exc), "messages", code="context_length_exceeded")
+    if isinstance(exc, ValueError):
+        return bad(str(exc))
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Runs ``app`` with uvicorn until interrupted."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+

@@ -1,0 +1,252 @@
+"""The model thread: continuous batching of blended prefills and batched decode steps.
+
+One thread owns the model. It takes work from a bounded queue: a request is prefilled (blended,
+one at a time, between decode steps) and joins the batch; every step then runs ONE forward for all
+active sequences (``SlotKV.step``). Calls such as warming run on the same thread, so the model is
+never used by two threads at once. The ASGI side submits jobs and reads their events from an
+asyncio queue fed with ``call_soon_threadsafe``; it cancels a job by setting ``job.cancelled``,
+which frees the job's slot before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from ..generation.decode import Sampling, TextTracker
+from ..result import BlendStats
+from .batch import SlotKV
+from .metrics import Metrics
+
+
+class QueueFull(Exception):
+    """The scheduler's queue is full; the request should be retried later."""
+
+
+class ContextLengthExceeded(ValueError):
+    """The prompt does not fit in the model's context window."""
+
+
+@dataclass
+class Event:
+    """kind: 'start' (prompt stats), 'text' (a piece), 'done' (final stats) or 'error'."""
+
+    kind: str
+    text: str = ""
+    stats: BlendStats | None = None
+    error: Exception | None = None
+
+
+@dataclass
+class Job:
+    """One generation request as the model thread sees it."""
+
+    prompt: str
+    max_tokens: int | None
+    sampling: Sampling
+    stop: list[str]
+    recompute_ratio: float | None = None
+    documents: list[str] = field(default_factory=list)  # warmed before the prefill
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.perf_counter)
+    events: asyncio.Queue | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+
+@dataclass
+class _Sequence:
+    job: Job
+    tracker: TextTracker
+    generator: Any
+    limit: int
+    stats: BlendStats
+    next_token: int = -1
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future
+
+
+class Scheduler:
+    """Owns the engine's model on one thread; see the module docstring."""
+
+    def __init__(self, engine: Any, *, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None):
+        if max_batch < 1 or max_queue < 1:
+            raise ValueError(f"max_batch and max_queue must be >= 1, got {max_batch} and {max_queue}")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.metrics = metrics or Metrics()
+        self._pending: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._active: list[_Sequence] = []
+        self._slots = SlotKV(engine.adapter, max_batch)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cacheblend-model", daemon=True)
+
+    # -- the ASGI side ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    @property
+    def queue_depth(self) -> int:
+        return self._pending.qsize()
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    def submit(self, job: Job) -> asyncio.Queue:
+        """Queues ``job``; returns the asyncio queue of its events. Raises QueueFull."""
+        job.loop = asyncio.get_running_loop()
+        job.events = asyncio.Queue()
+        self._put(job)
+        return job.events
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Runs ``fn()`` on the model thread (e.g. warming) and returns its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._put(_Call(fn, future))
+        return await asyncio.wrap_future(future)
+
+    def _put(self, item: Job | _Call) -> None:
+        try:
+            self._pending.put_nowait(item)
+        except queue.Full:
+            raise QueueFull from None
+        self.metrics.set_queue(self._pending.qsize())
+
+    # -- the model thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while not self._stop.is_set():
+                try:
+                    self._iterate()
+                except Exception as exc:  # a failure in the batch fails its requests, not the server
+                    self._fail_all(exc)
+        self._fail_all(RuntimeError("the server is shutting down"))
+
+    def _iterate(self) -> None:
+        self._drop_cancelled()
+        if len(self._active) < self.max_batch:
+            try:
+                item = self._pending.get(timeout=0.05) if not self._active else self._pending.get_nowait()
+            except queue.Empty:
+                item = None
+            self.metrics.set_queue(self._pending.qsize())
+            if isinstance(item, _Call):
+                self._run_call(item)
+            elif item is not None and not item.cancelled.is_set():
+                try:
+                    self._admit(item)
+                except Exception as exc:
+                    item.emit(Event("error", error=exc))
+                    raise
+        if self._active:
+            self._step()
+
+    def _fail_all(self, exc: Exception) -> None:
+        for seq in self._active:
+            seq.job.emit(Event("error", error=exc))
+        self._active = []
+        self._slots = SlotKV(self.engine.adapter, self.max_batch)
+
+    def _run_call(self, call: _Call) -> None:
+        try:
+            call.future.set_result(call.fn())
+        except Exception as exc:  # handed to the awaiting request
+            call.future.set_exception(exc)
+
+    def _admit(self, job: Job) -> None:
+        """Blended prefill of ``job``, its first token, and its place in the batch."""
+        engine = self.engine
+        try:
+            if job.documents:
+                engine.warm(job.documents)
+            n = len(engine.token_ids(job.prompt))
+            if n >= engine.context_window:
+                raise ContextLengthExceeded(
+                    f"This model's maximum context length is {engine.context_window} tokens. "
+                    f"However, your prompt has {n} tokens."
+                )
+            pre = engine.prefill(job.prompt, recompute_ratio=job.recompute_ratio)
+        except Exception as exc:  # bad input or a model failure: the request fails, the server goes on
+            job.emit(Event("error", error=exc))
+            return
+        stats = replace(pre.stats)
+        limit = engine.context_window - n
+        seq = _Sequence(
+            job,
+            TextTracker(engine.tokenizer, job.stop),
+            job.sampling.generator(pre.output.logits.device),
+            min(job.max_tokens, limit) if job.max_tokens else limit,
+            stats,
+        )
+        self.metrics.prefilled(stats)
+        job.emit(Event("start", stats=replace(stats)))
+        if not self._advance(seq, pre.output.logits):
+            self._slots.add(pre.output.kv)
+            self._active.append(seq)
+
+    def _advance(self, seq: _Sequence, logits) -> bool:
+        """Samples the next token of ``seq`` from ``logits`` [vocab]; emits text; True when finished."""
+        token = seq.job.sampling.pick(logits, seq.generator)
+        tracker, stats = seq.tracker, seq.stats
+        if not tracker.ids and seq.next_token < 0:
+            stats.ttft_s = time.perf_counter() - seq.job.arrived
+            self.metrics.first_token(stats.ttft_s)
+        seq.next_token = token
+        finish = None
+        if token in self.engine.eos_ids:
+            finish = "stop"
+        else:
+            tracker.push(token)
+            if tracker.stopped:
+                finish = "stop"
+            elif len(tracker.ids) >= seq.limit:
+                finish = "length"
+        piece = tracker.delta(final=finish is not None)
+        if piece:
+            seq.job.emit(Event("text", text=piece))
+        if finish is not None:
+            stats.finish_reason = finish
+            stats.completion_tokens = len(tracker.ids)
+            stats.total_s = time.perf_counter() - seq.job.arrived
+            self.metrics.completed(stats)
+            seq.job.emit(Event("done", stats=stats))
+        return finish is not None
+
+    def _step(self) -> None:
+        """One batched forward for every active sequence, then sampling per row."""
+        started = time.perf_counter()
+        logits = self._slots.step([s.next_token for s in self._active])  # [B, vocab]
+        self.metrics.decode_step(len(self._active), time.perf_counter() - started)
+        finished = [i for i, seq in enumerate(self._active) if self._advance(seq, logits[i])]
+        self._free(finished)
+
+    def _drop_cancelled(self) -> None:
+        self._free([i for i, seq in enumerate(self._active) if seq.job.cancelled.is_set()])
+
+    def _free(self, rows: list[int]) -> None:
+        for i in sorted(rows, reverse=True):  # the last slot moves into i, as in SlotKV.remove
+            self._slots.remove(i)
+            self._active[i] = self._active[-1]
+            self._active.pop()

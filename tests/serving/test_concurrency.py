@@ -1,0 +1,78 @@
+"""Many clients at once: batched answers equal one-by-one answers; disconnects and a full queue."""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from live_server import TINY, health, metric, running, wait_for
+
+CLIENTS, PER_CLIENT = 8, 4
+
+
+def _ask(client, i):
+    words = " ".join(f"item{j}" for j in range(3 * i))  # prompts of different lengths
+    out = client.chat.completions.create(
+        model=TINY, messages=[{"role": "user", "content": f"Question {i}: {words}"}],
+        max_tokens=8 + i % 5, temperature=0,
+    )
+    return out.choices[0].message.content, out.usage.completion_tokens
+
+
+def test_concurrent_clients_get_the_answers_of_sequential_requests(tiny_url):
+    client = openai.OpenAI(base_url=tiny_url, api_key="unused", max_retries=0)
+    jobs = list(range(CLIENTS * PER_CLIENT))
+    alone = [_ask(client, i) for i in jobs]
+    steps, rows = metric(tiny_url, "decode_steps_total"), metric(tiny_url, "decode_rows_total")
+
+    def one_client(c):
+        own = openai.OpenAI(base_url=tiny_url, api_key="unused", max_retries=0)
+        return [(i, _ask(own, i)) for i in jobs[c::CLIENTS]]
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        together = dict(pair for part in pool.map(one_client, range(CLIENTS)) for pair in part)
+    assert [together[i] for i in jobs] == alone
+    batched = (metric(tiny_url, "decode_rows_total") - rows) / (metric(tiny_url, "decode_steps_total") - steps)
+    assert batched > 2  # the steps really advanced several sequences at once
+
+
+def _long_stream(url):
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+    return client.chat.completions.create(
+        model=TINY, messages=[{"role": "user", "content": "go on forever"}], max_tokens=6000, temperature=0, stream=True
+    )
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(tiny_url):
+    rows = metric(tiny_url, "decode_rows_total")
+    stream = _long_stream(tiny_url)
+    for _, chunk in zip(range(3), stream):
+        pass
+    assert health(tiny_url)["active"] == 1
+    stream.close()
+    wait_for(lambda: health(tiny_url)["active"] == 0, timeout=5)
+    assert metric(tiny_url, "decode_rows_total") - rows < 3000  # stopped long before max_tokens
+
+
+def test_a_full_queue_answers_429_with_retry_after(tiny_engine):
+    """One slot, one queue place: a running stream holds the slot, a second request waits in the
+    queue, a third is refused; when the stream's client leaves, the waiting request is served."""
+    with running(tiny_engine, model_names=[TINY], max_batch=1, max_queue=1) as url:
+        stream = _long_stream(url)
+        next(iter(stream))
+        waiting = {}
+        thread = threading.Thread(target=lambda: waiting.update(out=httpx.post(url + "/chat/completions", json={
+            "model": TINY, "messages": [{"role": "user", "content": "short"}], "max_tokens": 3}, timeout=60)))
+        thread.start()
+        wait_for(lambda: health(url)["queued"] == 1)
+        refused = httpx.post(url + "/chat/completions", json={"model": TINY, "messages": [{"role": "user", "content": "x"}]})
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "queue_full"
+        with pytest.raises(openai.RateLimitError):
+            openai.OpenAI(base_url=url, api_key="u", max_retries=0).completions.create(model=TINY, prompt="x")
+        assert thread.is_alive()  # still queued behind the stream
+        stream.close()
+        thread.join(timeout=30)
+        assert waiting["out"].status_code == 200 and waiting["out"].json()["usage"]["completion_tokens"] >= 1
+        assert metric(url, "requests_total") >= 3
