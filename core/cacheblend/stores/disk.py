@@ -1,11 +1,19 @@
-"""The disk store tier: one safetensors file per chunk, scoped to one model fingerprint.
+"""The disk store tier: one checksummed record file per chunk, scoped to one model fingerprint.
 
-Disk format: one safetensors file per chunk (mmap, no pickle) under
-``<root>/<fingerprint[:16]>/kv/<key[:2]>/<key>.safetensors`` whose header metadata holds the
-model fingerprint and the layout version, written atomically (temp file, fsync, rename), and an
-append-only ``catalogue.jsonl`` of the warmed texts that lets a new process find chunks in
-prompts. A torn, corrupt or mismatched file is a miss with a warning, never an exception and
-never a wrong reuse. A read-only or full directory degrades to the memory tier with a warning.
+Disk format: one ``integrity`` record (a safetensors file: mmap-safe, no pickle, header with
+fingerprint, layout, key, text, codec and an xxh3-128 checksum of the tensor bytes) per chunk
+under ``<root>/<fingerprint[:16]>/kv/<key[:2]>/<key>.safetensors``, written atomically (a temp
+file in ``tmp/``, fsync, rename), and an append-only ``catalogue.jsonl`` of (key, text) that
+lets a new process find chunks in prompts.
+
+What can go wrong, and what happens:
+- a torn, altered or foreign record: a miss with a ``StoreWarning``; the file moves to
+  ``quarantine/`` so ``warm`` (which only reads headers to see what is stored) writes it again;
+- a writer killed mid-write: its temp file is removed by the next ``DiskStore`` opened on this
+  host once its pid is gone (from any host after an hour);
+- a writer killed between a record's rename and its catalogue line, or a lost catalogue: the
+  texts of records the catalogue lacks are read from their headers and appended again;
+- a read-only or full directory: a warning, and the chunks stay in memory only.
 """
 
 from __future__ import annotations
@@ -13,24 +21,33 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 import tempfile
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
-import torch
-
-from .record import LAYOUT_VERSION, ChunkRecord, StoreWarning
+from . import integrity
+from .record import ChunkRecord, StoreWarning
 
 
 class DiskStore:
-    """safetensors files on disk, one per chunk, scoped to one model fingerprint."""
+    """safetensors files on disk, one per chunk, scoped to one model fingerprint.
 
-    def __init__(self, root: str | os.PathLike, fingerprint: str) -> None:
+    Each file is an ``integrity`` record (checksummed, self-describing). A record that fails its
+    checks is a miss with a warning and is moved to ``quarantine/``, so the next ``warm`` rewrites
+    it. ``codec``: how tensors are written (``plain`` or ``int8``, see ``stores.compact``).
+    """
+
+    def __init__(self, root: str | os.PathLike, fingerprint: str, codec: str = "plain") -> None:
         self.fingerprint = fingerprint
+        self.codec = codec
         self.dir = Path(root) / fingerprint[:16]
         self._catalogue = self.dir / "catalogue.jsonl"
         self._writable = True
+        if self.dir.is_dir():
+            _clean_temps(self.dir / "tmp")
 
     @staticmethod
     def fingerprints(root: str | os.PathLike) -> list[str]:
@@ -44,41 +61,38 @@ class DiskStore:
         return self.dir / "kv" / key[:2] / f"{key}.safetensors"
 
     def __contains__(self, key: str) -> bool:
-        return self.path(key).is_file()
+        """Whether a whole record of ours is there (its header is read, not its tensors)."""
+        try:
+            integrity.probe(self.path(key), self.fingerprint, key)
+            return True
+        except (OSError, integrity.RecordError):
+            return False
 
     def get(self, key: str) -> ChunkRecord | None:
         path = self.path(key)
-        if not path.is_file():
+        try:
+            with open(path, "rb") as f:
+                inode, data = os.fstat(f.fileno()).st_ino, f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            warnings.warn(f"unreadable KV file {path} ({exc}); recomputing", StoreWarning, 2)
             return None
         try:
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                if meta.get("fingerprint") != self.fingerprint or meta.get("layout") != str(LAYOUT_VERSION):
-                    warnings.warn(f"{path} was written for another model or layout; recomputing", StoreWarning, 2)
-                    return None
-                if meta.get("key") != key:
-                    raise ValueError("key in header does not match the file name")
-                return ChunkRecord(key=key, kv=f.get_tensor("kv"), text=meta.get("text", ""))
-        except Exception as exc:  # a torn or corrupt file must never crash a query
-            warnings.warn(f"unreadable KV file {path} ({exc}); recomputing", StoreWarning, 2)
+            return integrity.decode(data, self.fingerprint, key)
+        except integrity.RecordError as exc:
+            what = "was written for another model or layout" if exc.foreign else "is unreadable"
+            warnings.warn(f"KV file {path} {what} ({exc}); recomputing", StoreWarning, 2)
+            self._quarantine(path, inode)
             return None
 
     def put(self, record: ChunkRecord) -> None:
         if not self._writable:
             return
-        path = self.path(record.key)
-        meta = {
-            "fingerprint": self.fingerprint,
-            "layout": str(LAYOUT_VERSION),
-            "key": record.key,
-            "text": record.text,
-        }
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_save(path, record.kv, meta)
-            self._append_catalogue(record.text)
+            data = integrity.encode(record, self.fingerprint, self.codec)
+            _atomic_write(self.path(record.key), data, self.dir / "tmp")
+            self._append_catalogue([(record.key, record.text)])
         except OSError as exc:
             self._writable = False
             warnings.warn(
@@ -86,34 +100,79 @@ class DiskStore:
             )
 
     def texts(self) -> Iterable[str]:
+        """The catalogue's texts, plus (re-catalogued) those of any record the catalogue lacks."""
+        known, texts = self._read_catalogue()
+        lost: list[tuple[str, str]] = []
+        for key in self._record_keys() - known:
+            try:
+                lost.append((key, integrity.probe(self.path(key), self.fingerprint, key)["text"]))
+            except (OSError, integrity.RecordError):
+                continue  # not a whole record of ours: its chunk is computed when used
+        texts.update(dict.fromkeys(t for _, t in lost))
+        if lost and self._writable:
+            try:
+                self._append_catalogue(lost)
+            except OSError:
+                pass  # read-only: the texts were still found for this process
+        return list(texts)
+
+    def _read_catalogue(self) -> tuple[set[str], dict[str, None]]:
+        keys: set[str] = set()
+        texts: dict[str, None] = {}
         if not self._catalogue.is_file():
-            return []
-        out: dict[str, None] = {}
+            return keys, texts
         with open(self._catalogue, encoding="utf-8") as f:
             for line in f:
                 try:
-                    out[json.loads(line)["text"]] = None
-                except (ValueError, KeyError, TypeError):
+                    entry = json.loads(line)
+                    texts[entry["text"]] = None
+                    keys.add(entry.get("key", ""))
+                except (ValueError, KeyError, TypeError, AttributeError):
                     continue  # a torn last line from a crashed writer
-        return list(out)
+        return keys, texts
 
-    def _append_catalogue(self, text: str) -> None:
-        line = (json.dumps({"text": text}, ensure_ascii=False) + "\n").encode("utf-8")
-        fd = os.open(self._catalogue, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    def _record_keys(self) -> set[str]:
+        kv = self.dir / "kv"
+        if not kv.is_dir():
+            return set()
+        return {p.name.removesuffix(".safetensors") for d in kv.iterdir() for p in d.glob("*.safetensors")}
+
+    def _append_catalogue(self, entries: list[tuple[str, str]]) -> None:
+        lines = "".join(json.dumps({"key": k, "text": t}, ensure_ascii=False) + "\n" for k, t in entries)
+        fd = os.open(self._catalogue, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # one whole line per writer, even across processes
-            os.write(fd, line)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # whole lines per writer, even across processes
+            size = os.fstat(fd).st_size
+            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # a killed writer's last line
+            os.write(fd, (("\n" if torn else "") + lines).encode("utf-8"))
         finally:
             os.close(fd)  # closing releases the lock
 
+    def _quarantine(self, path: Path, inode: int) -> None:
+        """Moves a bad record aside (unless a writer has just replaced it with a new file)."""
+        try:
+            if os.stat(path).st_ino == inode:
+                (self.dir / "quarantine").mkdir(exist_ok=True)
+                os.replace(path, self.dir / "quarantine" / path.name)
+        except OSError:
+            pass  # read-only or already gone: it stays a miss
 
-def _atomic_save(path: Path, kv: torch.Tensor, meta: dict[str, str]) -> None:
-    """Writes ``path`` so that readers see either nothing or the whole file."""
-    from safetensors.torch import save
 
-    data = save({"kv": kv.detach().contiguous().cpu()}, metadata=meta)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
+_TEMP_MAX_AGE_S = 3600
+
+
+def _temp_prefix() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-"
+
+
+def _atomic_write(path: Path, data: bytes, tmp_dir: Path) -> None:
+    """Writes ``path`` so that readers see either nothing or the whole file. Temp files live in
+    ``tmp_dir`` (same file system, so the rename is atomic) named by host and pid of the writer."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir.mkdir(exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=_temp_prefix(), suffix=".part")
     try:
+        os.fchmod(fd, 0o644)  # readable by other users' readers, like the catalogue (mkstemp: 0600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -122,3 +181,29 @@ def _atomic_save(path: Path, kv: torch.Tensor, meta: dict[str, str]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _clean_temps(tmp_dir: Path) -> None:
+    """Removes temp files of writers that died: on this host when their pid is gone, from any
+    host (a shared volume) when older than an hour."""
+    if not tmp_dir.is_dir():
+        return
+    host, now = socket.gethostname(), time.time()
+    for p in tmp_dir.glob("*.part"):
+        owner, _, rest = p.name.rpartition("-")[0].rpartition("-")
+        try:
+            dead = owner == host and not _alive(int(rest))
+            if dead or now - p.stat().st_mtime > _TEMP_MAX_AGE_S:
+                p.unlink()
+        except (OSError, ValueError):
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,215 @@
+"""Records never lie: checksums, quarantine and rewrite, dead writers' temp files, a catalogue that
+never loses a stored chunk, a read-only store read by a non-root user, kill -9 while warming."""
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from cacheblend import ChunkRecord, DiskStore, StoreWarning
+from cacheblend.stores import integrity
+
+FP = "f" * 64
+HERE = Path(__file__).resolve().parent
+
+
+def record(key: str, tokens: int = 40, text: str = "some text") -> ChunkRecord:
+    return ChunkRecord(key, torch.randn(4, 2, 2, tokens, 16).half(), text)
+
+
+def damage(data: bytes, how: str) -> bytes:
+    """The record bytes as bit rot, a cut copy or another model's store would leave them."""
+    if how == "inf":  # 2 KiB of the tensor data overwritten with fp16 inf
+        start = len(data) - 4096
+        return data[:start] + torch.full((1024,), float("inf")).half().numpy().tobytes() + data[start + 2048 :]
+    if how == "truncated":
+        return data[: len(data) - 100]
+    if how == "foreign":
+        return integrity.encode(integrity.decode(data, FP, KEY), "0" * 64)
+    raise ValueError(how)
+
+
+KEY = "ab" * 32
+DAMAGES = ["inf", "truncated", "foreign"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_disk_record_is_a_miss_is_quarantined_and_rewritten(tmp_path, how):
+    store = DiskStore(tmp_path, FP)
+    rec = record(KEY)
+    store.put(rec)
+    path = store.path(KEY)
+    path.write_bytes(damage(path.read_bytes(), how))
+    assert (KEY in store) is (how == "inf")  # the header check sees a cut or foreign file at once
+    with pytest.warns(StoreWarning, match="another model" if how == "foreign" else "unreadable"):
+        assert store.get(KEY) is None
+    assert not path.exists() and (store.dir / "quarantine" / path.name).is_file()
+    assert KEY not in store  # so warm writes it again
+    store.put(rec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(store.get(KEY).kv, rec.kv)
+
+
+def test_record_checksum_covers_every_tensor_byte():
+    data = integrity.encode(record(KEY, tokens=3), FP)
+    start = integrity.parse_header(data, FP, KEY)[1]
+    for i in range(start, len(data), 7):  # flip one bit at a time, anywhere in the data section
+        flipped = bytearray(data)
+        flipped[i] ^= 0x10
+        with pytest.raises(integrity.RecordError, match="checksum"):
+            integrity.decode(bytes(flipped), FP, KEY)
+
+
+def test_record_of_an_older_version_without_checksum_is_refused(tmp_path):
+    from safetensors.torch import save
+
+    meta = {"fingerprint": FP, "layout": "1", "key": KEY, "text": "t"}
+    store = DiskStore(tmp_path, FP)
+    store.path(KEY).parent.mkdir(parents=True)
+    store.path(KEY).write_bytes(save({"kv": record(KEY).kv}, metadata=meta))
+    assert KEY not in store
+    with pytest.warns(StoreWarning, match="no checksum"):
+        assert store.get(KEY) is None
+
+
+def test_corrupt_record_is_recomputed_then_rewritten_by_the_next_warm(make_engine, tmp_path):
+    texts = [f"Passage number {i} says something about the river and the mill." for i in range(3)]
+    make_engine().warm(texts, store_dir=tmp_path)
+    engine = make_engine()
+    disk = engine.attach_store(tmp_path)
+    key = engine.chunk_keys(texts[:1])[0]
+    path = disk.path(key)
+    path.write_bytes(damage(path.read_bytes(), "inf"))
+    with pytest.warns(StoreWarning) as caught:
+        pre = engine.prefill(chunks=texts, query="Which river?", recompute_ratio=0.0)
+    assert pre.stats.chunk_hits == 2 and pre.stats.chunk_misses == 1 and len(caught) == 1
+    fresh = make_engine()
+    fresh.attach_store(tmp_path)
+    fresh.warm(texts, store_dir=tmp_path)  # rewrites the quarantined record
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(DiskStore(tmp_path, engine.fingerprint).get(key).kv, fresh.stores.get(key).kv)
+
+
+def test_temp_files_of_dead_writers_are_removed_at_open(tmp_path):
+    store = DiskStore(tmp_path, FP)
+    store.put(record(KEY))
+    tmp = store.dir / "tmp"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = os.uname().nodename
+    mine = tmp / f"{host}-{os.getpid()}-live.part"  # a live writer's: kept
+    gone = tmp / f"{host}-{int(dead.stdout)}-dead.part"  # its writer is dead: removed
+    young = tmp / "otherhost-1-young.part"  # another host's, recent: kept
+    old = tmp / "otherhost-1-old.part"  # another host's, over an hour old: removed
+    for p in (mine, gone, young, old):
+        p.write_bytes(b"partial")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    DiskStore(tmp_path, FP)
+    assert sorted(p.name for p in tmp.iterdir()) == sorted([mine.name, young.name])
+
+
+@pytest.mark.parametrize("loss", ["deleted", "torn", "old_format"])
+def test_catalogue_is_rebuilt_from_record_headers(tmp_path, loss):
+    store = DiskStore(tmp_path, FP)
+    for i in range(4):
+        store.put(record(f"{i:02d}" * 32, text=f"text {i}"))
+    cat = store.dir / "catalogue.jsonl"
+    lines = cat.read_text().splitlines()
+    if loss == "deleted":
+        cat.unlink()
+    elif loss == "torn":  # a writer killed between its rename and its catalogue line
+        cat.write_text("\n".join(lines[:2]) + '\n{"key": "03')
+    else:  # lines without keys, as older versions wrote them
+        cat.write_text("".join('{"text": "text %d"}\n' % i for i in range(4)))
+    expected = {f"text {i}" for i in range(4)}
+    assert set(DiskStore(tmp_path, FP).texts()) == expected
+    reread = DiskStore(tmp_path, FP)
+    assert set(reread._read_catalogue()[1]) == expected  # repaired on disk, not only in memory
+    assert not set(reread._record_keys()) - reread._read_catalogue()[0]
+
+
+def _read_only_checks(root: str) -> None:
+    """As uid 65534 in a forked child: reads work, writes warn once, a bad record stays a miss."""
+    os.setgid(65534)
+    os.setuid(65534)
+    assert os.geteuid() == 65534
+    torch.manual_seed(0)
+    good = record("aa" * 32)
+    store = DiskStore(root, FP)
+    assert torch.equal(store.get(good.key).kv, good.kv) and set(store.texts()) == {"some text"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store.put(record("cc" * 32))
+        store.put(record("dd" * 32))
+        assert store.get("bb" * 32) is None  # corrupt and cannot be quarantined: still a miss
+    messages = [str(w.message) for w in caught]
+    assert sum("cannot write" in m for m in messages) == 1 and sum("unreadable" in m for m in messages) == 1
+    assert store.get("cc" * 32) is None and Path(store.path("bb" * 32)).exists()
+
+
+def test_read_only_store_as_a_non_root_user():
+    root = tempfile.mkdtemp(prefix="cb-ro-")
+    try:
+        os.chmod(root, 0o755)
+        torch.manual_seed(0)
+        store = DiskStore(root, FP)
+        store.put(record("aa" * 32))
+        store.put(record("bb" * 32))
+        bad = store.path("bb" * 32)
+        bad.write_bytes(damage(bad.read_bytes(), "inf"))
+        if os.geteuid() != 0:
+            for p in [Path(root), *Path(root).rglob("*")]:
+                p.chmod(p.stat().st_mode & ~0o222)
+        proc = mp.get_context("fork").Process(target=_read_only_checks, args=(root,))
+        proc.start()
+        proc.join(60)
+        assert proc.exitcode == 0
+    finally:
+        for p in [Path(root), *Path(root).rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o200)
+        subprocess.run(["rm", "-rf", root], check=True)
+
+
+_WARMER = """
+import sys, pathlib, torch
+sys.path.insert(0, {tests!r})
+from tiny_models import tiny_model
+from transformers import AutoTokenizer
+from cacheblend import BlendConfig, BlendEngine
+engine = BlendEngine(tiny_model("llama"), AutoTokenizer.from_pretrained({tok!r}), config=BlendConfig(kv_dtype="float32"))
+engine.warm({texts!r}, store_dir={store!r}, batch_size=1, progress=False)
+"""
+
+
+def test_kill_9_while_warming_leaves_only_true_records(make_engine, bundled_dir, tmp_path):
+    texts = [f"Record {i}: " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(40)) for i in range(60)]
+    store = tmp_path / "kv"
+    for round_ in range(3):
+        script = _WARMER.format(tests=str(HERE.parent), tok=str(bundled_dir), texts=texts, store=str(store))
+        proc = subprocess.Popen([sys.executable, "-c", script])
+        deadline = time.monotonic() + 120
+        while len(list(store.rglob("*.safetensors"))) < 4 * (round_ + 1) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the warming child ended before it was killed"
+            time.sleep(0.01)
+        time.sleep(0.05 * round_)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    engine = make_engine()
+    disk = DiskStore(store, engine.fingerprint)  # opening cleans the dead writers' temp files
+    assert not list((disk.dir / "tmp").glob("*.part"))
+    stored = disk._record_keys()
+    assert 0 < len(stored) < len(texts), "each round must be killed part-way through"
+    by_key = dict(zip(engine.chunk_keys(texts), texts))
+    engine.warm([by_key[k] for k in stored], batch_size=1)  # a fresh computation, in memory
+    for key in stored:
+        assert torch.equal(disk.get(key).kv, engine.stores.memory.get(key).kv), key
+    assert {disk.get(k).text for k in stored} <= set(disk.texts())
