@@ -49,8 +49,10 @@ from .stores import (
     StoreChain,
     StoreWarning,
     chunk_key,
+    compact,
     model_fingerprint,
 )
+from .stores.redis import RedisStore, is_redis_url
 
 
 class BlendEngine:
@@ -95,7 +97,8 @@ class BlendEngine:
         """Loads a HF model id or folder, a ``.gguf`` file, or the bundled alias ``smollm2-135m-instruct``.
 
         device: ``cpu``, ``cuda`` (``cuda:N``) or ``auto``; dtype: None picks fp32 on CPU and
-        bf16 on CUDA. ``store_dir`` attaches a disk KV store (created on first write).
+        bf16 on CUDA. ``store_dir`` attaches a KV store: a folder (a disk store, created on first
+        write) or a Redis URL (a store shared by every process attached to it; see ``attach_store``).
         """
         hf_model, tok = load_pretrained(str(model), device=device, dtype=dtype)
         engine = cls(hf_model, tok, config=config, memory_bytes=memory_bytes, name=str(model))
@@ -130,10 +133,17 @@ class BlendEngine:
         return render_chat(self.tokenizer, messages)
 
     # -- stores and warming ---------------------------------------------------------------------
-    def attach_store(self, store_dir: str | Path) -> DiskStore:
-        """Reads chunk KV from (and learns the chunk texts of) the disk store at ``store_dir``."""
+    def attach_store(self, store_dir: str | Path) -> DiskStore | RedisStore:
+        """Reads chunk KV from (and learns the chunk texts of) the store at ``store_dir``: a folder
+        (a disk store) or a Redis URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``),
+        which every process attached to it shares and ``warm`` writes through to."""
+        codec = compact.codec_for(self.config.kv_dtype)
         with self._lock:
-            disk = self.stores.attach(DiskStore(store_dir, self.fingerprint))
+            if is_redis_url(store_dir):
+                remote = self.stores.attach(RedisStore(str(store_dir), self.fingerprint, codec=codec))
+                self.finder.add(remote.texts())
+                return remote
+            disk = self.stores.attach(DiskStore(store_dir, self.fingerprint, codec=codec))
             others = [fp for fp in DiskStore.fingerprints(store_dir) if not self.fingerprint.startswith(fp)]
             if others and not disk.dir.is_dir():
                 warnings.warn(
@@ -166,14 +176,16 @@ class BlendEngine:
         """Computes and stores the KV of every text not stored yet; returns their keys in order.
 
         Idempotent: a chunk found in memory or any attached store costs nothing (it is copied into
-        ``store_dir`` if that store lacks it). Every text is validated before any compute.
+        ``store_dir`` if that store lacks it). Every text is validated before any compute. Attached
+        Redis stores are written through: a chunk one of them lacks is written to it.
         ``progress``: a progress bar (default: when 16 or more chunks need computing).
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         chunks = warming.prepare(self, texts)
         with self._lock:
-            disk = self.attach_store(store_dir) if store_dir is not None else None
+            target = self.attach_store(store_dir) if store_dir is not None else None
+            disk = target if isinstance(target, DiskStore) else None  # Redis stores are all written
             warming.store_missing(self, chunks, disk, batch_size, progress)
             self.finder.add(c.text for c in chunks)
         return [c.key for c in chunks]
@@ -230,8 +242,8 @@ class BlendEngine:
         if n >= self.context_window:
             raise ValueError(f"the prompt has {n} tokens; the model's context window is {self.context_window}")
 
-    def _lookup(self, ids: list[int]) -> ChunkRecord | None:
-        return self.stores.get(chunk_key(self.fingerprint, ids))
+    def _lookup(self, chunks: list[list[int]]) -> list[ChunkRecord | None]:
+        return self.stores.get_many([chunk_key(self.fingerprint, ids) for ids in chunks])
 
     def token_ids(
         self,

@@ -3,7 +3,8 @@
 ``BlendEngine.warm`` runs it: ``prepare`` validates every text before any compute (one bad text
 stores nothing from its batch), then, under the engine's lock, ``store_missing`` encodes only the
 chunks neither memory nor an attached store holds, batched by similar length, and writes each
-record to memory and to the requested disk store (copying records that store lacks).
+record to memory, to the requested disk store and through to every attached Redis store (copying
+records those stores lack).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .blending.encode import encode_padded
-from .models.loading import DTYPES
 from .prompts.request import clean_chunk
-from .stores import ChunkKey, ChunkRecord, DiskStore, chunk_key
+from .stores import ChunkKey, ChunkRecord, DiskStore, chunk_key, compact
 
 if TYPE_CHECKING:
     from .engine import BlendEngine
@@ -45,19 +45,28 @@ def prepare(engine: BlendEngine, texts) -> list[WarmChunk]:
 def store_missing(
     engine: BlendEngine, chunks: list[WarmChunk], disk: DiskStore | None, batch_size: int, progress: bool | None
 ) -> None:
-    """Computes the chunks no store holds; stored records ``disk`` lacks are copied into it.
+    """Computes the chunks no store holds; stored records that ``disk`` or an attached Redis store
+    lacks are copied into it (Redis: one round trip asks which keys it lacks).
 
     ``progress``: a progress bar (default: when 16 or more chunks need computing).
     """
+    keys = list(dict.fromkeys(c.key for c in chunks))
+    lacking = {id(r): {k for k, there in zip(keys, r.contains_many(keys)) if not there} for r in engine.stores.remotes}
     todo: dict[str, WarmChunk] = {}
     for chunk in chunks:
-        if chunk.key in todo or (disk is not None and chunk.key in disk):
+        to_disk = disk is not None and chunk.key not in disk
+        to_remote = [r for r in engine.stores.remotes if chunk.key in lacking[id(r)]]
+        held = (disk is not None and not to_disk) or any(chunk.key not in lacking[id(r)] for r in engine.stores.remotes)
+        if chunk.key in todo or (held and not to_disk and not to_remote):
             continue
         record = engine.stores.get(chunk.key)
         if record is None:
             todo[chunk.key] = chunk
-        elif disk is not None:
+            continue
+        if to_disk:
             disk.put(record)
+        for remote in to_remote:
+            remote.put(record)
     _compute(engine, list(todo.values()), disk, batch_size, progress)
 
 
@@ -68,15 +77,20 @@ def _compute(
 
     order = sorted(todo, key=lambda c: len(c.ids))  # similar lengths pad less
     show = progress if progress is not None else len(order) >= 16
-    kv_dtype = DTYPES[engine.config.kv_dtype]
+    dense, codec = compact.dense_dtype(engine.config.kv_dtype), compact.codec_for(engine.config.kv_dtype)
     with tqdm(total=len(order), desc="warming KV", unit="chunk", disable=not show) as bar:
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
             batch_kv = encode_padded(engine.adapter, engine.context_ids, [c.ids for c in batch])  # [B,L,2,Hkv,T,d]
+            records = []
             for chunk, kv in zip(batch, batch_kv):
-                stored = kv[..., : len(chunk.ids), :].to("cpu", kv_dtype).contiguous()  # [L, 2, Hkv, tokens, d]
-                record = ChunkRecord(chunk.key, stored, chunk.text)
+                stored = kv[..., : len(chunk.ids), :].to("cpu", dense).contiguous()  # [L, 2, Hkv, tokens, d]
+                # int8: every tier holds what a disk or Redis read returns, so a hit is the same anywhere
+                records.append(ChunkRecord(chunk.key, compact.roundtrip(stored, codec), chunk.text))
+            for record in records:
                 engine.stores.memory.put(record)
                 if disk is not None:
                     disk.put(record)
+            for remote in engine.stores.remotes:
+                remote.put_many(records)
             bar.update(len(batch))

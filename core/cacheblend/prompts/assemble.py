@@ -70,10 +70,11 @@ def assemble(
     prompt: PromptText,
     encoding: Encoding,
     encode_chunk: Callable[[str], Encoding],
-    lookup: Callable[[list[int]], ChunkRecord | None] | None,
+    lookup: Callable[[list[list[int]]], list[ChunkRecord | None]] | None,
     device: torch.device,
 ) -> Assembled:
-    """The blend input of ``prompt`` (tokenized as ``encoding``), chunk KV fetched via ``lookup``.
+    """The blend input of ``prompt`` (tokenized as ``encoding``), the KV of all its chunks fetched
+    with one call of ``lookup`` (so a remote tier answers a prompt in one round trip).
 
     ``lookup`` is None for a full prefill (nothing is read). The cached tensor holds zeros in
     uncached rows.
@@ -81,14 +82,14 @@ def assemble(
     n = len(encoding.ids)
     if n == 0:
         raise ValueError("the prompt is empty")
+    spans = list(prompt.chunks) if lookup is not None else []
+    chunks = [encode_chunk(span.text) for span in spans]
+    t = time.perf_counter()
+    records = lookup([chunk.ids for chunk in chunks]) if chunks else []
+    load_s = time.perf_counter() - t
     found: list[tuple[ChunkRecord, list[int], list[int]]] = []
     hits = misses = 0
-    load_s = 0.0
-    for span in prompt.chunks if lookup is not None else ():
-        chunk = encode_chunk(span.text)
-        t = time.perf_counter()
-        record = lookup(chunk.ids)
-        load_s += time.perf_counter() - t
+    for span, chunk, record in zip(spans, chunks, records):
         hits, misses = hits + (record is not None), misses + (record is None)
         if record is not None:
             rows, chunk_rows = aligned_rows(encoding, span, chunk)

@@ -19,6 +19,16 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torc
 _TINY = 2.0**-24  # smallest fp16 subnormal: a scale never rounds to 0
 
 
+def codec_for(kv_dtype: str) -> str:
+    """The codec persistent tiers use for a ``BlendConfig.kv_dtype``."""
+    return "int8" if kv_dtype == "int8" else "plain"
+
+
+def dense_dtype(kv_dtype: str) -> torch.dtype:
+    """The dtype chunk KV has in memory for a ``BlendConfig.kv_dtype`` (int8 is held as fp16)."""
+    return torch.float16 if kv_dtype == "int8" else _DTYPES[kv_dtype]
+
+
 def pack(kv: torch.Tensor, codec: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors and header fields of ``kv`` ([layers, 2, kv_heads, T, head_dim]) under ``codec``."""
     kv = kv.detach().contiguous().cpu()
