@@ -16,6 +16,7 @@ import torch
 
 from cacheblend import ChunkRecord, DiskStore, StoreWarning
 from cacheblend.stores import integrity
+from store_faults import DAMAGES, damage
 
 FP = "f" * 64
 HERE = Path(__file__).resolve().parent
@@ -25,20 +26,7 @@ def record(key: str, tokens: int = 40, text: str = "some text") -> ChunkRecord:
     return ChunkRecord(key, torch.randn(4, 2, 2, tokens, 16).half(), text)
 
 
-def damage(data: bytes, how: str) -> bytes:
-    """The record bytes as bit rot, a cut copy or another model's store would leave them."""
-    if how == "inf":  # 2 KiB of the tensor data overwritten with fp16 inf
-        start = len(data) - 4096
-        return data[:start] + torch.full((1024,), float("inf")).half().numpy().tobytes() + data[start + 2048 :]
-    if how == "truncated":
-        return data[: len(data) - 100]
-    if how == "foreign":
-        return integrity.encode(integrity.decode(data, FP, KEY), "0" * 64)
-    raise ValueError(how)
-
-
 KEY = "ab" * 32
-DAMAGES = ["inf", "truncated", "foreign"]
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -47,7 +35,7 @@ def test_damaged_disk_record_is_a_miss_is_quarantined_and_rewritten(tmp_path, ho
     rec = record(KEY)
     store.put(rec)
     path = store.path(KEY)
-    path.write_bytes(damage(path.read_bytes(), how))
+    path.write_bytes(damage(path.read_bytes(), how, FP, KEY))
     assert (KEY in store) is (how == "inf")  # the header check sees a cut or foreign file at once
     with pytest.warns(StoreWarning, match="another model" if how == "foreign" else "unreadable"):
         assert store.get(KEY) is None
@@ -88,7 +76,7 @@ def test_corrupt_record_is_recomputed_then_rewritten_by_the_next_warm(make_engin
     disk = engine.attach_store(tmp_path)
     key = engine.chunk_keys(texts[:1])[0]
     path = disk.path(key)
-    path.write_bytes(damage(path.read_bytes(), "inf"))
+    path.write_bytes(damage(path.read_bytes(), "inf", engine.fingerprint, key))
     with pytest.warns(StoreWarning) as caught:
         pre = engine.prefill(chunks=texts, query="Which river?", recompute_ratio=0.0)
     assert pre.stats.chunk_hits == 2 and pre.stats.chunk_misses == 1 and len(caught) == 1
@@ -165,7 +153,7 @@ def test_read_only_store_as_a_non_root_user():
         store.put(record("aa" * 32))
         store.put(record("bb" * 32))
         bad = store.path("bb" * 32)
-        bad.write_bytes(damage(bad.read_bytes(), "inf"))
+        bad.write_bytes(damage(bad.read_bytes(), "inf", FP, "bb" * 32))
         if os.geteuid() != 0:
             for p in [Path(root), *Path(root).rglob("*")]:
                 p.chmod(p.stat().st_mode & ~0o222)

@@ -60,6 +60,11 @@ class RedisStore:
     def __repr__(self) -> str:
         return f"RedisStore({_redact(self.url)!r})"
 
+    @property
+    def available(self) -> bool:
+        """False while the circuit breaker is open (after a failure, for ``retry_after_s``)."""
+        return time.monotonic() >= self._down_until
+
     # -- reads -----------------------------------------------------------------------------------
     def get(self, key: str) -> ChunkRecord | None:
         return self.get_many([key])[0]
@@ -125,7 +130,7 @@ class RedisStore:
 
     def _call(self, fn, fallback):
         """fn(client), or ``fallback`` with one warning per outage if the server fails."""
-        if time.monotonic() < self._down_until:
+        if not self.available:
             return fallback
         from redis.exceptions import RedisError
 

@@ -1,0 +1,226 @@
+"""The Redis tier against a real redis-server on 127.0.0.1 (started here, stopped at the end):
+shared by processes, pipelined, checksummed, and a down, slow or full server is one warning."""
+
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from redis_server import RedisServer, server_binary
+from store_faults import DAMAGES, damage
+
+from cacheblend import ChunkRecord, StoreWarning
+from cacheblend.stores.redis import RedisStore
+
+pytestmark = pytest.mark.skipif(server_binary() is None, reason="no redis-server (install the dev extra)")
+
+FP = "e" * 64
+HERE = Path(__file__).resolve().parent
+TEXTS = [f"Passage {i} tells of the lighthouse keeper and the ship named Aurora {i}." for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def fresh(server):
+    """The shared server, emptied."""
+    import redis
+
+    redis.Redis.from_url(server.url).flushall()
+    return server
+
+
+def record(key: str, tokens: int = 40, text: str = "a text") -> ChunkRecord:
+    return ChunkRecord(key, torch.randn(4, 2, 2, tokens, 16).half(), text)
+
+
+@pytest.mark.parametrize("via", ["tcp", "unix"])
+def test_round_trip_is_bitwise_and_pipelined(fresh, via):
+    store = RedisStore(fresh.url if via == "tcp" else fresh.unix_url, FP, ttl_s=3600)
+    recs = [record(f"{i:02d}" * 32, text=f"text {i}") for i in range(3)]
+    store.put_many(recs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = store.get_many([recs[2].key, "ff" * 32, recs[0].key])
+        assert torch.equal(back[0].kv, recs[2].kv) and back[1] is None and back[0].text == "text 2"
+        assert torch.equal(back[2].kv, recs[0].kv)
+        assert store.contains_many([recs[1].key, "ff" * 32]) == [True, False]
+        assert sorted(RedisStore(fresh.url, FP).texts()) == ["text 0", "text 1", "text 2"]
+        assert RedisStore(fresh.url, "0" * 64).get(recs[0].key) is None  # another model's namespace
+    import redis
+
+    ttl = redis.Redis.from_url(fresh.url).pttl(store._kv(recs[0].key))
+    assert 0 < ttl <= 3600 * 1000
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_value_is_a_miss_and_is_deleted(fresh, how):
+    import redis
+
+    client = redis.Redis.from_url(fresh.url)
+    store = RedisStore(fresh.url, FP)
+    rec = record("ab" * 32)
+    store.put(rec)
+    name = store._kv(rec.key)
+    client.set(name, damage(client.get(name), how, FP, rec.key))
+    with pytest.warns(StoreWarning, match="bad KV value"):
+        assert store.get(rec.key) is None
+    assert not client.exists(name)
+    store.put(rec)
+    assert torch.equal(store.get(rec.key).kv, rec.kv)
+
+
+_WRITER = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from cacheblend import ChunkRecord
+from cacheblend.stores.redis import RedisStore
+store = RedisStore({url!r}, {fp!r})
+for round_ in range(5):
+    store.put_many([ChunkRecord(f"{{i:02d}}" * 32, torch.full((4, 2, 2, 30, 16), float(i)), f"text {{i}}") for i in range(20)])
+"""
+
+
+def test_two_writers_at_once_leave_every_value_whole(fresh):
+    script = _WRITER.format(tests=str(HERE.parent), url=fresh.url, fp=FP)
+    procs = [subprocess.Popen([sys.executable, "-c", script]) for _ in range(2)]
+    assert [p.wait(120) for p in procs] == [0, 0]
+    store = RedisStore(fresh.url, FP)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = store.get_many([f"{i:02d}" * 32 for i in range(20)])
+    assert all(torch.equal(r.kv, torch.full((4, 2, 2, 30, 16), float(i))) for i, r in enumerate(got))
+    assert sorted(store.texts()) == sorted(f"text {i}" for i in range(20))
+
+
+_WARMER = """
+import sys
+sys.path.insert(0, {tests!r})
+from tiny_models import tiny_model
+from transformers import AutoTokenizer
+from cacheblend import BlendConfig, BlendEngine
+engine = BlendEngine(tiny_model("llama"), AutoTokenizer.from_pretrained({tok!r}), config=BlendConfig(kv_dtype="float32"))
+engine.warm({texts!r}, store_dir={url!r})
+"""
+
+
+def prompt_of(engine, texts):
+    return engine.render_chat([{"role": "user", "content": "\n\n".join(texts) + "\n\nWho keeps the lighthouse?"}])
+
+
+def test_a_second_process_answers_from_the_shared_server_without_warming(fresh, make_engine, bundled_dir):
+    script = _WARMER.format(tests=str(HERE.parent), tok=str(bundled_dir), texts=TEXTS, url=fresh.url)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    engine = make_engine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.attach_store(fresh.url)  # learns the chunk texts from the server
+        assert len(engine.stores.memory) == 0
+        pre = engine.prefill(prompt_of(engine, TEXTS), recompute_ratio=0.15)
+    assert pre.stats.chunk_hits == len(TEXTS) and pre.stats.chunk_misses == 0
+    local = make_engine()
+    local.warm(TEXTS)  # the same chunks computed here: the shared KV is bitwise the same
+    for key in engine.chunk_keys(TEXTS):
+        assert torch.equal(engine.stores.memory.get(key).kv, local.stores.memory.get(key).kv)
+    here = local.prefill(prompt_of(local, TEXTS), recompute_ratio=0.15)
+    assert torch.equal(pre.output.logits, here.output.logits)
+
+
+def test_server_killed_mid_use_then_restarted_empty(tmp_path, make_engine):
+    srv = RedisServer(tmp_path / "redis").start()
+    try:
+        make_engine().warm(TEXTS, store_dir=srv.url)
+        engine = make_engine()
+        remote = engine.attach_store(srv.url)
+        remote.retry_after_s = 5.0
+        prompt = prompt_of(engine, TEXTS)
+        srv.kill()
+        with pytest.warns(StoreWarning) as caught:
+            pre = engine.prefill(prompt, recompute_ratio=0.0)
+            again = engine.prefill(prompt, recompute_ratio=0.0)  # inside the breaker window: no 2nd warning
+        assert len(caught) == 1 and "Redis" in str(caught[0].message)
+        assert pre.stats.chunk_misses == len(TEXTS) and again.stats.chunk_misses == len(TEXTS)
+        full = engine.prefill(prompt, recompute_ratio=1.0)
+        torch.testing.assert_close(pre.output.logits, full.output.logits, atol=1e-5, rtol=1e-5)  # recomputed, correct
+
+        srv.start()  # same port, empty
+        while not remote.available:  # the breaker closes after retry_after_s
+            time.sleep(0.05)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert engine.prefill(prompt, recompute_ratio=0.0).stats.chunk_misses == len(TEXTS)
+            engine.warm(TEXTS)  # writes every chunk the server lacks through to it
+        reader = make_engine()
+        reader.attach_store(srv.url)
+        assert reader.prefill(prompt, recompute_ratio=0.0).stats.chunk_hits == len(TEXTS)
+    finally:
+        srv.stop()
+
+
+def test_slow_server_is_a_miss_after_the_timeout(fresh):
+    import redis
+
+    store = RedisStore(fresh.url, FP, timeout_s=0.2, retry_after_s=60)
+    rec = record("cd" * 32)
+    store.put(rec)
+    sleeper = threading.Thread(target=lambda: redis.Redis.from_url(fresh.url).execute_command("DEBUG", "SLEEP", 1.0))
+    sleeper.start()
+    time.sleep(0.1)
+    try:
+        with pytest.warns(StoreWarning, match="TimeoutError") as caught:
+            assert store.get(rec.key) is None
+            assert store.get(rec.key) is None and store.texts() == []
+        assert len(caught) == 1
+    finally:
+        sleeper.join()
+
+
+def test_full_server_is_one_warning_and_no_exception(tmp_path):
+    srv = RedisServer(tmp_path / "redis", maxmemory="1mb", **{"maxmemory-policy": "noeviction"}).start()
+    try:
+        store = RedisStore(srv.url, FP)
+        with pytest.warns(StoreWarning, match="OutOfMemoryError|OOM") as caught:
+            for i in range(4):
+                store.put(record(f"{i:02d}" * 32, tokens=2000))  # 1 MiB each
+        assert len(caught) == 1
+    finally:
+        srv.stop()
+
+
+def test_cluster_url_reaches_a_real_cluster_node(tmp_path):
+    import redis
+
+    srv = RedisServer(tmp_path / "redis", **{"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"}).start()
+    try:
+        admin = redis.Redis.from_url(srv.url)
+        admin.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+        deadline = time.monotonic() + 10
+        while b"cluster_state:ok" not in admin.execute_command("CLUSTER", "INFO") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        store = RedisStore(f"redis+cluster://127.0.0.1:{srv.port}", FP)
+        recs = [record(f"{i:02d}" * 32, text=f"t{i}") for i in range(5)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            store.put_many(recs)
+            back = store.get_many([r.key for r in recs])
+            assert all(torch.equal(a.kv, b.kv) for a, b in zip(back, recs))
+            assert sorted(store.texts()) == [f"t{i}" for i in range(5)]
+    finally:
+        srv.stop()
+
+
+def test_bad_urls_and_settings_raise_value_error():
+    for bad in ("http://x", "", "/a/folder"):
+        with pytest.raises(ValueError, match="Redis URL"):
+            RedisStore(bad, FP)
+    with pytest.raises(ValueError, match="ttl_s"):
+        RedisStore("redis://127.0.0.1:1", FP, ttl_s=0)
