@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .prompts.finder import ChunkFinder
     from .registry import shared_engine
     from .result import BlendStats, Generation
-    from .stores import ChunkRecord, DiskStore, MemoryStore, StoreChain, StoreWarning
+    from .stores import ChunkRecord, DiskStore, MemoryStore, RedisStore, StoreChain, StoreWarning
 
 __version__ = "0.1.0"
 
@@ -57,6 +57,7 @@ _EXPORTS = {
     "NoneSelector": "blending.selection",
     "Prefilled": "generation.decode",
     "RandomSelector": "blending.selection",
+    "RedisStore": "stores",
     "SUPPORTED_MODELS": "models.adapter:SUPPORTED",
     "Selector": "blending.selection",
     "StoreChain": "stores",

@@ -135,12 +135,13 @@ class BlendEngine:
     # -- stores and warming ---------------------------------------------------------------------
     def attach_store(self, store_dir: str | Path) -> DiskStore | RedisStore:
         """Reads chunk KV from (and learns the chunk texts of) the store at ``store_dir``: a folder
-        (a disk store) or a Redis URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``),
-        which every process attached to it shares and ``warm`` writes through to."""
+        (a disk store) or a Redis URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``;
+        ``?ttl=&timeout=&retry_after=`` in seconds, see ``RedisStore.from_url``), which every process
+        attached to it shares and ``warm`` writes through to."""
         codec = compact.codec_for(self.config.kv_dtype)
         with self._lock:
             if is_redis_url(store_dir):
-                remote = self.stores.attach(RedisStore(str(store_dir), self.fingerprint, codec=codec))
+                remote = self.stores.attach(RedisStore.from_url(str(store_dir), self.fingerprint, codec))
                 self.finder.add(remote.texts())
                 return remote
             disk = self.stores.attach(DiskStore(store_dir, self.fingerprint, codec=codec))

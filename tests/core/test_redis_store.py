@@ -224,3 +224,16 @@ def test_bad_urls_and_settings_raise_value_error():
             RedisStore(bad, FP)
     with pytest.raises(ValueError, match="ttl_s"):
         RedisStore("redis://127.0.0.1:1", FP, ttl_s=0)
+
+
+def test_url_options_set_ttl_timeout_and_breaker(fresh):
+    store = RedisStore.from_url(fresh.url + "?ttl=60&timeout=0.25&retry_after=2", FP)
+    assert (store.ttl_s, store.timeout_s, store.retry_after_s) == (60.0, 0.25, 2.0) and "?" not in store.url
+    store.put(record("aa" * 32))
+    import redis
+
+    assert 0 < redis.Redis.from_url(fresh.url).pttl(store._kv("aa" * 32)) <= 60_000
+    with pytest.raises(ValueError, match="ttl"):
+        RedisStore.from_url(fresh.url + "?ttl=0", FP)
+    with pytest.raises(ValueError, match="bad option"):
+        RedisStore.from_url(fresh.url + "?timeout=soon", FP)

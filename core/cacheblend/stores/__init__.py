@@ -1,10 +1,11 @@
 """Where chunk KV is kept: the record and its keys, and the store tiers.
 
 ``record.py`` (ChunkRecord, LAYOUT_VERSION) and ``keys.py`` (fingerprints, content-addressed
-chunk keys) are what every tier agrees on; ``memory.py``, ``disk.py`` are the tiers and
-``chain.py`` reads them in order. A new tier (a remote store, say) is one module here with
-``get(key) -> ChunkRecord | None``, ``put(record)`` and ``__contains__``, where every failure
-is a miss with a ``StoreWarning``.
+chunk keys) are what every tier agrees on; ``integrity.py`` is the checksummed record bytes that
+the persistent tiers hold and ``compact.py`` their int8 codec; ``memory.py``, ``disk.py`` and
+``redis.py`` are the tiers and ``chain.py`` reads them in order. A new tier is one module here
+with ``get(key) -> ChunkRecord | None``, ``put(record)`` and ``__contains__`` (``get_many`` where a
+batch saves round trips), where every failure is a miss with a ``StoreWarning``.
 """
 
 from .chain import StoreChain
@@ -12,6 +13,7 @@ from .disk import DiskStore
 from .keys import ChunkKey, Fingerprint, chunk_key, model_fingerprint
 from .memory import MemoryStore
 from .record import LAYOUT_VERSION, ChunkRecord, StoreWarning
+from .redis import RedisStore
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -20,6 +22,7 @@ __all__ = [
     "DiskStore",
     "Fingerprint",
     "MemoryStore",
+    "RedisStore",
     "StoreChain",
     "StoreWarning",
     "chunk_key",

@@ -20,11 +20,13 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from . import integrity
 from .record import ChunkRecord, StoreWarning
 
 SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+_OPTIONS = {"ttl": "ttl_s", "timeout": "timeout_s", "retry_after": "retry_after_s"}  # URL query -> argument
 
 
 def is_redis_url(target: object) -> bool:
@@ -56,6 +58,21 @@ class RedisStore:
         self.prefix = f"cacheblend:{fingerprint[:16]}:"
         self._client: Any = None
         self._down_until = 0.0
+
+    @classmethod
+    def from_url(cls, url: str, fingerprint: str, codec: str = "plain") -> RedisStore:
+        """A store from a URL whose query may also set ``ttl``, ``timeout`` and ``retry_after``
+        (seconds), e.g. ``redis://kv-host:6379/0?ttl=86400&timeout=0.5``; other query parameters
+        go to redis-py."""
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        ours = {k: v for k, v in query if k in _OPTIONS}
+        rest = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k not in _OPTIONS])))
+        try:
+            opts = {_OPTIONS[k]: float(v) for k, v in ours.items()}
+        except ValueError as exc:
+            raise ValueError(f"bad option in the Redis URL {_redact(url)!r}: {exc}") from exc
+        return cls(rest, fingerprint, codec=codec, **opts)
 
     def __repr__(self) -> str:
         return f"RedisStore({_redact(self.url)!r})"
