@@ -62,7 +62,7 @@ def test_round_trip_is_bitwise_and_pipelined(fresh, via):
     assert 0 < ttl <= 3600 * 1000
 
 
-@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("how", [*DAMAGES, "wrong type"])
 def test_damaged_value_is_a_miss_and_is_deleted(fresh, how):
     import redis
 
@@ -71,10 +71,14 @@ def test_damaged_value_is_a_miss_and_is_deleted(fresh, how):
     rec = record("ab" * 32)
     store.put(rec)
     name = store._kv(rec.key)
-    client.set(name, damage(client.get(name), how, FP, rec.key))
+    if how == "wrong type":  # something else stored under our key
+        client.delete(name)
+        client.rpush(name, b"x")
+    else:
+        client.set(name, damage(client.get(name), how, FP, rec.key))
     with pytest.warns(StoreWarning, match="bad KV value"):
         assert store.get(rec.key) is None
-    assert not client.exists(name)
+    assert not client.exists(name) and store.available
     store.put(rec)
     assert torch.equal(store.get(rec.key).kv, rec.kv)
 

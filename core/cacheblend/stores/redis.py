@@ -88,7 +88,8 @@ class RedisStore:
 
     def get_many(self, keys: Sequence[str]) -> list[ChunkRecord | None]:
         """The records of ``keys`` in one pipelined round trip; None for each miss."""
-        values = self._call(lambda c: _pipelined(c, [("get", self._kv(k)) for k in keys]), [None] * len(keys))
+        gets = [("get", self._kv(k)) for k in keys]
+        values = self._call(lambda c: _pipelined(c, gets, raise_on_error=False), [None] * len(keys))
         out: list[ChunkRecord | None] = []
         for key, value in zip(keys, values):
             out.append(self._decode(key, value) if value is not None else None)
@@ -137,8 +138,10 @@ class RedisStore:
     def _texts_key(self) -> str:
         return f"{self.prefix}texts"
 
-    def _decode(self, key: str, value: bytes) -> ChunkRecord | None:
+    def _decode(self, key: str, value: bytes | Exception) -> ChunkRecord | None:
         try:
+            if isinstance(value, Exception):  # e.g. WRONGTYPE: something else under our key
+                raise integrity.RecordError(str(value))
             return integrity.decode(value, self.fingerprint, key)
         except integrity.RecordError as exc:
             warnings.warn(f"bad KV value for chunk {key[:16]}... in {self!r} ({exc}); recomputing", StoreWarning, 3)
@@ -183,8 +186,10 @@ def _client(url: str, timeout_s: float) -> Any:
     return Redis.from_url(url, **opts)
 
 
-def _pipelined(client: Any, ops: list[tuple]) -> list:
-    """Runs ``ops`` (("get", k) / ("exists", k) / ("set", k, v, ttl) / ("hset", h, f, v)) in one pipeline."""
+def _pipelined(client: Any, ops: list[tuple], raise_on_error: bool = True) -> list:
+    """Runs ``ops`` (("get", k) / ("exists", k) / ("set", k, v, ttl) / ("hset", h, f, v)) in one
+    pipeline. Connection errors always raise; ``raise_on_error=False`` returns a failed command's
+    error in its place (one odd key must not open the breaker for all)."""
     pipe = client.pipeline(transaction=False)
     for op, *args in ops:
         if op == "set":
@@ -192,7 +197,7 @@ def _pipelined(client: Any, ops: list[tuple]) -> list:
             pipe.set(key, value, px=int(ttl * 1000) if ttl else None)
         else:
             getattr(pipe, op)(*args)
-    return pipe.execute()
+    return pipe.execute(raise_on_error=raise_on_error)
 
 
 def _redact(url: str) -> str:
