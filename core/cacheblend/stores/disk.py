@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import integrity
+from . import compact, integrity
 from .record import ChunkRecord, StoreWarning
 
 
@@ -41,6 +41,8 @@ class DiskStore:
     """
 
     def __init__(self, root: str | os.PathLike, fingerprint: str, codec: str = "plain") -> None:
+        if codec not in compact.CODECS:
+            raise ValueError(f"codec must be one of {', '.join(compact.CODECS)}; got {codec!r}")
         self.fingerprint = fingerprint
         self.codec = codec
         self.dir = Path(root) / fingerprint[:16]

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from . import integrity
+from . import compact, integrity
 from .record import ChunkRecord, StoreWarning
 
 SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
@@ -51,6 +51,8 @@ class RedisStore:
             raise ValueError(f"a Redis URL starts with one of {', '.join(SCHEMES)}; got {url!r}")
         if ttl_s is not None and ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive or None, got {ttl_s}")
+        if codec not in compact.CODECS:
+            raise ValueError(f"codec must be one of {', '.join(compact.CODECS)}; got {codec!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.url, self.fingerprint, self.codec = url, fingerprint, codec
