@@ -25,10 +25,21 @@ def server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(bus: bool = False) -> int:
+    """A free TCP port on 127.0.0.1; ``bus``: one whose cluster bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not bus:
+            return port
+        if port + 10000 < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 10000))
+                    return port
+                except OSError:
+                    continue
 
 
 class RedisServer:
@@ -37,7 +48,7 @@ class RedisServer:
     def __init__(self, workdir: Path, **config: str) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = free_port(bus=config.get("cluster-enabled") == "yes")
         self.socket = self.workdir / "redis.sock"
         self.config = {"save": "", "appendonly": "no", **config}
         self.proc: subprocess.Popen | None = None
@@ -58,9 +69,11 @@ class RedisServer:
         args += ["--unixsocket", str(self.socket), "--unixsocketperm", "700"]
         for name, value in self.config.items():
             args += [f"--{name}", value]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        log = open(self.workdir / "redis.log", "ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.proc.poll() is None:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
@@ -69,7 +82,8 @@ class RedisServer:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise RuntimeError("redis-server did not start")
+        tail = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"redis-server did not start on port {self.port}:\n{tail}")
 
     def kill(self) -> None:
         """SIGKILL: the server vanishes mid-flight, as in a crash."""
