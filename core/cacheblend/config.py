@@ -34,6 +34,8 @@ class BlendConfig:
             Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16);
             ``int4`` the same in 4 bits with groups of 32 (about 0.31x; see docs/STORES.md for its cost).
         seed: seed of the random selector.
+        fresh_check: keep the fresh K/V of every row at a check layer (they are computed there
+            anyway), not only of the selected rows.
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -43,6 +45,7 @@ class BlendConfig:
     chunk_context: str = "system"
     kv_dtype: str = "float16"
     seed: int = 0
+    fresh_check: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))

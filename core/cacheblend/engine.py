@@ -233,7 +233,7 @@ class BlendEngine:
         self._check_length(asm.input.ids.shape[0])
         selector = self.selector if self.selector is not None and config is None else make_selector(cfg)
         t = time.perf_counter()
-        out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule())
+        out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
         stats = asm.stats(out.recomputed, cfg.recompute_ratio if not full else 1.0)
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started

@@ -64,8 +64,14 @@ def blend_prefill(
     inp: BlendInput,
     selector: Selector,
     schedule: dict[int, float],
+    fresh_check: bool = False,
 ) -> BlendOutput:
-    """Runs the blended prefill. ``schedule`` maps check layer -> ratio of reused tokens kept."""
+    """Runs the blended prefill. ``schedule`` maps check layer -> ratio of reused tokens kept.
+
+    ``fresh_check``: at a check layer every row still active has fresh K/V already (they were
+    computed to compare them with the cache), so keep them all for that layer's attention and
+    cache instead of falling back to the cached K/V of the rows the selector drops.
+    """
     n = inp.ids.shape[0]
     pos = torch.arange(n, device=inp.ids.device)  # [N]
     cos, sin = model.rope(pos)  # [N, d]
@@ -76,32 +82,59 @@ def blend_prefill(
     if inp.cached is None or num_reused == 0:
         schedule = {}
     first_check = min(schedule, default=model.num_layers)
+    # The question: the uncached rows after the last reused token (at least the last row).
+    last_reused = int(inp.reused.nonzero().max()) if num_reused else -1
+    asking = pos > min(last_reused, n - 2)  # [N] bool
 
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     active_per_layer = []
     for layer in range(model.num_layers):
         q, k, v = model.qkv(layer, h)  # q [1,H,n,d]; k, v [1,Hkv,n,d] before RoPE
-        cached = inp.cached[layer].to(k.dtype) if layer >= first_check else None  # [2,Hkv,N,d]
-        if layer in schedule:
-            budget = budget_for(schedule[layer], num_reused)
-            pick = _select(inp, cached, active, k[0], v[0], layer, selector, budget, keep_always)
-            active, h, q, k, v = active[pick], h[:, pick], q[:, :, pick], k[:, :, pick], v[:, :, pick]
-        q = apply_rope(q, cos[active], sin[active])
-        k = apply_rope(k, cos[active], sin[active])
-        if cached is None:
-            keys, values = k, v  # full prefill: every row is fresh
+        q_rot = apply_rope(q, cos[active], sin[active])
+        k_rot = apply_rope(k, cos[active], sin[active])
+        if layer < first_check:
+            keys, values = k_rot, v  # full prefill: every row is fresh
         else:
+            cached = inp.cached[layer].to(k.dtype)  # [2,Hkv,N,d]
             keys = apply_rope(cached[0], cos, sin)[None]  # [1,Hkv,N,d] realigned to final positions
             values = cached[1][None].clone()  # [1,Hkv,N,d]
-            keys[:, :, active] = k
+            keys[:, :, active] = k_rot
             values[:, :, active] = v
-        attn = model.attend(layer, q, keys, values, active, pos)  # [1, n, H*d]
+        if layer in schedule:
+            budget = budget_for(schedule[layer], num_reused)
+            needs = bool(getattr(selector, "needs_query", False))
+            attention = _query_attention(model, q_rot[0], keys[0], active, asking) if needs else None
+            pick = _select(inp, cached, active, k[0], v[0], layer, selector, budget, keep_always, attention)
+            if not fresh_check:  # dropped rows fall back to their cached K/V from this layer on
+                dropped = torch.ones_like(active, dtype=torch.bool)
+                dropped[pick] = False
+                gone = active[dropped]
+                keys[:, :, gone] = apply_rope(cached[0][:, gone], cos[gone], sin[gone])[None]
+                values[:, :, gone] = cached[1][None, :, gone]
+            active, h, q_rot = active[pick], h[:, pick], q_rot[:, :, pick]
+        attn = model.attend(layer, q_rot, keys, values, active, pos)  # [1, n, H*d]
         h = model.finish(layer, h, attn)
         kv.append((keys, values))
         active_per_layer.append(active.shape[0])
     logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
     return BlendOutput(kv=kv, logits=logits, recomputed=active.shape[0], active_per_layer=active_per_layer)
+
+
+def _query_attention(
+    model: ModelAdapter, q: torch.Tensor, keys: torch.Tensor, active: torch.Tensor, asking: torch.Tensor
+) -> torch.Tensor:
+    """The attention the question's rows pay every prompt row at this layer: [H, m, N] fp32.
+
+    q: [H, n, d] rotated queries of the active rows; keys: [Hkv, N, d] rotated keys (fresh where
+    active, cached elsewhere). Only the m question rows are scored (m*N per head, no N*N).
+    """
+    mine = asking[active]  # [n] bool
+    qa = q[:, mine].float()  # [H, m, d]
+    k = keys.float().repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # [H, N, d]
+    scores = qa @ k.transpose(1, 2) * model.scaling  # [H, m, N]
+    causal = torch.arange(keys.shape[1], device=q.device)[None, :] <= active[mine][:, None]  # [m, N]
+    return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
 
 
 def _select(
@@ -114,6 +147,7 @@ def _select(
     selector: Selector,
     budget: int,
     keep_always: torch.Tensor,
+    attention: torch.Tensor | None,
 ) -> torch.Tensor:
     """Indices into ``active`` to keep: every always-kept row plus the selector's pick (sorted)."""
     always = keep_always[active]  # [n] bool
@@ -128,6 +162,7 @@ def _select(
             cached_v=cached[1][:, tokens],
             positions=tokens,
             chunk_offsets=inp.chunk_offsets[tokens],
+            query_attention=None if attention is None else attention[:, :, tokens],
         ),
         budget,
     )
