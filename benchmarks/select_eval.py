@@ -50,8 +50,8 @@ METHODS = {
     "q+d 0.7": (C, CombinedSelector(0.7)),
     "q+d 0.5 max": (C, CombinedSelector(0.5, heads="max")),
     "deviation L2": (BlendConfig(check_layers=(2,)), None),
-    "gradual 1,4": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), None),
-    "gradual 1,4 q+d": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), CombinedSelector(0.5)),
+    "gradual 1+4": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), None),
+    "gradual 1+4 q+d": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), CombinedSelector(0.5)),
 }
 
 
