@@ -17,8 +17,10 @@ import time
 import torch
 
 from cacheblend import BlendConfig, shared_engine
+from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from cacheblend.tools.factset import correct, questions
-from cacheblend.selection import (
+from cacheblend.tools.quality import token_f1
+from cacheblend.blending.selection import (
     ChunkStartSelector,
     CombinedSelector,
     DeviationSelector,
@@ -55,74 +57,92 @@ METHODS = {
 }
 
 
-def run(split: str, count: int, names: list[str], answer_tokens: int, log=print) -> dict[str, dict]:
+def examples(dataset: str, split: str, count: int, engine) -> list:
+    """Question/passages/answers examples of ``dataset`` for ``split`` (dev or report only)."""
+    if dataset == "facts":
+        return questions(split, count)
+    if dataset == "pydoc":  # seed 1 is the development split, seed 0 the reporting split
+        passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
+        return pydoc_workload(passages, count, 6, seed=1 if split == "dev" else 0)
+    data = load_musique(dataset, 6)  # examples 0-49 are the development split, 50-149 reporting
+    return data[:50][:count] if split == "dev" else data[50:150][:count]
+
+
+def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print) -> dict[str, dict]:
     engine = shared_engine()
-    qs = questions(split, count)
+    qs = examples(dataset, split, count, engine)
     engine.warm(sorted({p for q in qs for p in q.passages}), progress=False)
     default_cfg = engine.config
-    rows = {n: {"right": [], "agree": [], "kl": [], "share": [], "time": []} for n in ["full prefill", *names]}
+    keys = ("right", "agree", "f1", "top1", "kl", "share", "time")
+    rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
     started = time.time()
     try:
         for i, q in enumerate(qs):
             req = dict(chunks=q.passages, query=q.question, prefix=PREFIX)
             full = engine.prefill(**req, recompute_ratio=1.0)
             ref = engine.generate_from(full, max_new_tokens=answer_tokens, stop=STOP)
-            _record(rows["full prefill"], correct(ref.text, q.answers), True, 0.0, 1.0, 1.0)
+            _record(rows["full prefill"], (_right(ref.text, q.answers), True, 1.0, 1.0, 0.0, 1.0, 1.0))
+            p = torch.log_softmax(full.continuation_logits(ref.token_ids), dim=-1)  # [T+1, vocab]
+            ends_eos = ref.stats.finish_reason == "stop" and p[-1].argmax().item() in engine.eos_ids
             for name in names:
                 cfg, sel = METHODS[name]
                 engine.config, engine.selector = cfg, sel
                 pre = engine.prefill(**req)
-                kl, same = _compare(full, pre, ref, engine.eos_ids)
+                kl, top1, same = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
                 text = ref.text if same else engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP).text
                 share = pre.stats.recomputed_tokens / pre.stats.prompt_tokens
                 ratio = pre.stats.prefill_s / full.stats.prefill_s
-                _record(rows[name], correct(text, q.answers), text.strip() == ref.text.strip(), kl, share, ratio)
-            if (i + 1) % 20 == 0:
+                f1 = token_f1(text, ref.text)
+                _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio))
+            if (i + 1) % 5 == 0:
                 log(f"  {i + 1}/{len(qs)} questions, {time.time() - started:.0f} s", flush=True)
     finally:
         engine.config, engine.selector = default_cfg, None
     return rows
 
 
-def _compare(full, pre, ref, eos_ids) -> tuple[float, bool]:
-    """KL(full || pre) over the reference answer, and whether greedy decoding from ``pre`` would
-    produce the reference answer (the argmax at every teacher-forced step is the reference's
-    token, and EOS where the reference ended with it): if so, no need to decode again."""
-    ids = ref.token_ids
-    p = torch.log_softmax(full.continuation_logits(ids), dim=-1)  # [T+1, vocab]
-    q = torch.log_softmax(pre.continuation_logits(ids), dim=-1)
+def _right(text: str, answers: list[str]) -> float | None:
+    return float(correct(text, answers)) if answers else None
+
+
+def _compare(p: torch.Tensor, pre, ids: list[int], ends_eos: bool, eos_ids) -> tuple[float, float, bool]:
+    """KL(full || pre) over the reference answer ``ids`` (``p``: full prefill's log-probs along
+    it), the share of answer tokens its argmax agrees with, and whether greedy decoding from ``pre`` would produce the same answer (its argmax at
+    every teacher-forced step is the reference token, then EOS where the reference ended so):
+    if so, there is no need to decode again."""
+    q = torch.log_softmax(pre.continuation_logits(ids), dim=-1)  # [T+1, vocab]
     kl = float((p.exp() * (p - q)).sum(-1).clamp_min(0.0).mean())
     greedy = q.argmax(-1).tolist()
-    same = greedy[: len(ids)] == list(ids)
-    if ref.stats.finish_reason == "stop" and p[-1].argmax().item() in eos_ids:
-        same = same and greedy[-1] in eos_ids
-    return kl, same
+    top1 = sum(a == b for a, b in zip(greedy, ids)) / max(1, len(ids))
+    same = greedy[: len(ids)] == list(ids) and (not ends_eos or greedy[-1] in eos_ids)
+    return kl, top1, same
 
 
-def _record(row, right, agree, kl, share, ratio) -> None:
-    for key, value in zip(("right", "agree", "kl", "share", "time"), (right, agree, kl, share, ratio)):
+def _record(row: dict, values: tuple) -> None:
+    for key, value in zip(row, values):
         row[key].append(value)
 
 
 def table(rows: dict[str, dict]) -> str:
     full = rows["full prefill"]["right"]
-    k = sum(full)
-    n = len(full)
-    lines = [
-        f"| method | accuracy (of {n}) | kept (of {k}) | same answer as full | mean KL | recomputed | prefill time vs full |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    graded = full[0] is not None
+    n, k = len(full), sum(full) if graded else 0
+    head = "| method | accuracy | kept (of %d) | same answer | answer F1 vs full | top-1 agreement | mean KL | recomputed | prefill time vs full |" % k
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
-        kept = sum(a and b for a, b in zip(full, r["right"]))
+        acc = f"{statistics.mean(r['right']):.3f}" if graded else "-"
+        kept = sum(bool(a and b) for a, b in zip(full, r["right"])) if graded else "-"
         lines.append(
-            f"| {name} | {statistics.mean(r['right']):.3f} | {kept} | {statistics.mean(r['agree']):.3f} "
-            f"| {statistics.mean(r['kl']):.4f} | {statistics.mean(r['share']):.1%} | {statistics.median(r['time']):.2f} |"
+            f"| {name} | {acc} | {kept} | {statistics.mean(r['agree']):.3f} | {statistics.mean(r['f1']):.3f} "
+            f"| {statistics.mean(r['top1']):.3f} | {statistics.mean(r['kl']):.4f} | {statistics.mean(r['share']):.1%} "
+            f"| {statistics.median(r['time']):.2f} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines) + f"\n\n{n} questions"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dataset", default="facts", help="facts, pydoc, or a MuSiQue-format JSON path")
     ap.add_argument("--split", default="dev", choices=("dev", "report"))
     ap.add_argument("--count", type=int, default=120)
     ap.add_argument("--methods", default="reuse,deviation,random,chunk_start")
@@ -136,9 +156,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
     started = time.time()
-    rows = run(args.split, args.count, names, args.answer_tokens)
+    rows = run(args.dataset, args.split, args.count, names, args.answer_tokens)
     print(table(rows))
-    print(f"\n{args.split} split, {args.count} questions, {time.time() - started:.0f} s")
+    print(f"{args.dataset}, {args.split} split, {time.time() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-SELECTORS = ("deviation", "random", "chunk_start", "none", "all")
+SELECTORS = ("deviation", "query", "query+deviation", "random", "chunk_start", "none", "all")
 MEASURES = ("k", "v", "kv")
 CHUNK_CONTEXTS = ("none", "bos", "system")
 KV_DTYPES = ("float16", "bfloat16", "float32", "int8", "int4")
@@ -24,8 +24,10 @@ class BlendConfig:
             paper's "gradual filtering".
         ratios: fraction of reused tokens still recomputed after each check layer (non-increasing).
             The last entry is the recompute ratio: 1.0 reproduces full prefill, 0.0 is full reuse.
-        selector: which tokens to recompute: ``deviation`` (CacheBlend), ``random`` (ablation),
-            ``chunk_start`` (EPIC-style, the first tokens of each chunk), ``none`` or ``all``.
+        selector: which tokens to recompute: ``deviation`` (CacheBlend: fresh vs cached KV),
+            ``query`` (the tokens the question attends to most at the check layer),
+            ``query+deviation`` (both, by weighted rank), ``random`` (ablation), ``chunk_start``
+            (EPIC-style, the first tokens of each chunk), ``none`` or ``all``.
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
@@ -34,6 +36,9 @@ class BlendConfig:
             Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16);
             ``int4`` the same in 4 bits with groups of 32 (about 0.31x; see docs/STORES.md for its cost).
         seed: seed of the random selector.
+        query_weight: weight of the query rank against the deviation rank in ``query+deviation``.
+        sinks: the first ``sinks`` tokens of every chunk are recomputed before any other (EPIC's
+            attention sinks), with ``deviation``, ``query`` and ``query+deviation``.
         fresh_check: keep the fresh K/V of every row at a check layer (they are computed there
             anyway), not only of the selected rows.
     """
@@ -45,6 +50,8 @@ class BlendConfig:
     chunk_context: str = "system"
     kv_dtype: str = "float16"
     seed: int = 0
+    query_weight: float = 0.5
+    sinks: int = 0
     fresh_check: bool = False
 
     def __post_init__(self) -> None:
@@ -63,6 +70,12 @@ class BlendConfig:
         if any(b > a for a, b in zip(self.ratios, self.ratios[1:])):
             raise ValueError(f"ratios must not increase from one check layer to the next, got {self.ratios}")
         _check_choice("selector", self.selector, SELECTORS)
+        if not isinstance(self.query_weight, (int, float)) or not 0.0 <= self.query_weight <= 1.0:
+            raise ValueError(f"query_weight must be a number in [0, 1], got {self.query_weight!r}")
+        if not isinstance(self.sinks, int) or isinstance(self.sinks, bool) or self.sinks < 0:
+            raise ValueError(f"sinks must be a non-negative integer, got {self.sinks!r}")
+        if not isinstance(self.fresh_check, bool):
+            raise ValueError(f"fresh_check must be True or False, got {self.fresh_check!r}")
         _check_choice("measure", self.measure, MEASURES)
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)

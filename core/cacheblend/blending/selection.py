@@ -174,9 +174,15 @@ class AllSelector:
 
 
 def make_selector(config: BlendConfig) -> Selector:
-    """The selector named by ``config.selector``."""
-    if config.selector == "deviation":
-        return DeviationSelector(config.measure)
+    """The selector named by ``config.selector`` (with ``config.sinks`` on the scoring ones)."""
+    scoring = {
+        "deviation": lambda: DeviationSelector(config.measure),
+        "query": lambda: QuerySelector(),
+        "query+deviation": lambda: CombinedSelector(config.query_weight, config.measure),
+    }
+    if config.selector in scoring:
+        inner = scoring[config.selector]()
+        return SinkSelector(inner, config.sinks) if config.sinks else inner
     if config.selector == "random":
         return RandomSelector(config.seed)
     if config.selector == "chunk_start":
