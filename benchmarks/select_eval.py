@@ -94,8 +94,8 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
                 ratio = pre.stats.prefill_s / full.stats.prefill_s
                 f1 = token_f1(text, ref.text)
                 _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio))
-            if (i + 1) % 5 == 0:
-                log(f"  {i + 1}/{len(qs)} questions, {time.time() - started:.0f} s", flush=True)
+            if (i + 1) % 10 == 0 and i + 1 < len(qs):  # partial tables: a long run can be cut short
+                log(f"{table(rows)}\n{time.time() - started:.0f} s\n", flush=True)
     finally:
         engine.config, engine.selector = default_cfg, None
     return rows

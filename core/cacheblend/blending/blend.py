@@ -4,8 +4,9 @@ For a prompt whose tokens are partly covered by cached chunk KV (keys stored bef
 
 1. Layers before the first check layer run a full prefill over every token.
 2. At each check layer, fresh K/V are computed for the tokens still active; the selector keeps
-   the ``ratio`` share of reused tokens whose KV deviates most; every uncached token, and the
-   last token (whose logits we need), stays active regardless.
+   the ``ratio`` share of reused tokens it scores highest (KV deviation, or the attention the
+   question's rows pay them, computed here for the question rows only); every uncached token,
+   and the last token (whose logits we need), stays active regardless.
 3. From there on only active rows are computed. Their fresh K/V overwrite the cached rows, all
    other rows keep the cached K/V rotated to their final positions, and attention for the
    active rows runs over the merged K/V with an exact causal mask by position.
@@ -106,12 +107,8 @@ def blend_prefill(
             needs = bool(getattr(selector, "needs_query", False))
             attention = _query_attention(model, q_rot[0], keys[0], active, asking) if needs else None
             pick = _select(inp, cached, active, k[0], v[0], layer, selector, budget, keep_always, attention)
-            if not fresh_check:  # dropped rows fall back to their cached K/V from this layer on
-                dropped = torch.ones_like(active, dtype=torch.bool)
-                dropped[pick] = False
-                gone = active[dropped]
-                keys[:, :, gone] = apply_rope(cached[0][:, gone], cos[gone], sin[gone])[None]
-                values[:, :, gone] = cached[1][None, :, gone]
+            if not fresh_check:
+                _fall_back(keys, values, cached, active, pick, cos, sin)
             active, h, q_rot = active[pick], h[:, pick], q_rot[:, :, pick]
         attn = model.attend(layer, q_rot, keys, values, active, pos)  # [1, n, H*d]
         h = model.finish(layer, h, attn)
@@ -119,6 +116,17 @@ def blend_prefill(
         active_per_layer.append(active.shape[0])
     logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
     return BlendOutput(kv=kv, logits=logits, recomputed=active.shape[0], active_per_layer=active_per_layer)
+
+
+def _fall_back(keys, values, cached, active, pick, cos, sin) -> None:
+    """The rows of ``active`` not in ``pick`` take their cached K/V (in place) from this layer on.
+
+    keys, values: [1,Hkv,N,d]; cached: [2,Hkv,N,d] (keys before RoPE); pick: indices into active."""
+    dropped = torch.ones_like(active, dtype=torch.bool)
+    dropped[pick] = False
+    gone = active[dropped]
+    keys[:, :, gone] = apply_rope(cached[0][:, gone], cos[gone], sin[gone])[None]
+    values[:, :, gone] = cached[1][None, :, gone]
 
 
 def _query_attention(
