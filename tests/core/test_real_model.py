@@ -119,15 +119,16 @@ def test_fp16_store_matches_fp32_store_closely(real_engine, pydoc_chunks):
     assert float(kl) < 1e-3
 
 
-def test_default_selector_beats_deviation_and_full_reuse_on_generated_facts(real_engine):
-    """The default (chosen on the reporting split, docs/TUNING.md) against CacheBlend's deviation
-    selector and full reuse, at the same 15% budget, on 6 generated fact questions (dev split)."""
+def test_default_deviation_beats_query_attention_and_full_reuse_on_generated_facts(real_engine):
+    """At the same 15% budget on generated fact questions (dev split), the default (deviation)
+    selector is closer to full prefill than query-attention selection, itself closer than full
+    reuse. Measured on 30 dev questions: KL 0.179 / 0.230 / 0.331 (docs/TUNING.md)."""
     from cacheblend.tools.factset import questions
 
     qs = questions("dev", 6)
     real_engine.warm(sorted({p for q in qs for p in q.passages}))
-    configs = {"default": BlendConfig(), "deviation": BlendConfig(selector="deviation"), "reuse": BlendConfig(ratios=(0.0,))}
-    assert configs["default"] != configs["deviation"]
+    configs = {"default": BlendConfig(), "query": BlendConfig(selector="query"), "reuse": BlendConfig(ratios=(0.0,))}
+    assert configs["default"].selector == "deviation"
     kl = {name: [] for name in configs}
     for q in qs:
         req = dict(chunks=q.passages, query=q.question, prefix="Answer briefly from the passages.")
@@ -136,4 +137,4 @@ def test_default_selector_beats_deviation_and_full_reuse_on_generated_facts(real
         for name, cfg in configs.items():
             kl[name].append(answer_kl(full, real_engine.prefill(**req, config=cfg), answer))
     mean_kl = {k: statistics.mean(v) for k, v in kl.items()}
-    assert mean_kl["default"] < mean_kl["deviation"] < mean_kl["reuse"], mean_kl
+    assert mean_kl["default"] < mean_kl["query"] < mean_kl["reuse"], mean_kl
