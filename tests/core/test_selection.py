@@ -18,9 +18,8 @@ from cacheblend.blending.selection import (
     SinkSelector,
     make_selector,
 )
-from cacheblend.prompts.assemble import assemble
 
-from test_equivalence import CHUNKS, QUESTION, hf_reference
+from test_equivalence import CHUNKS, assembled, hf_reference, request
 
 
 def candidates(deviation, attention, offsets=None) -> Candidates:
@@ -102,8 +101,7 @@ class Recorder:
 
 
 def blend(engine, selector, schedule, fresh_check=False, order=(1, 2, 0)):
-    segments = engine.segments(chunks=[CHUNKS[i] for i in order], query=QUESTION)
-    asm = assemble(segments, engine._tokenize, engine._lookup, engine.bos_ids, engine.adapter.device)
+    asm = assembled(engine, request(engine, order))
     return asm.input, blend_prefill(engine.adapter, asm.input, selector, schedule, fresh_check)
 
 
