@@ -76,3 +76,18 @@ def test_sampling_filters():
     assert {topk.pick(logits, gen) for _ in range(50)} <= {1, 2}
     topp = Sampling(temperature=1.0, top_p=0.01, seed=0)
     assert {topp.pick(logits, topp.generator(torch.device("cpu"))) for _ in range(20)} == {1}
+
+
+def test_decoding_shares_the_prefill_kv_without_writing_it(make_engine):
+    """The decode cache reuses the blend's K/V tensors (no copy before the first token), so
+    decoding must leave them bit-identical and a second decode must give the same answer."""
+    engine = make_engine()
+    engine.warm(CHUNKS)
+    pre = engine.prefill(chunks=CHUNKS, query="Where is the code?", recompute_ratio=0.15)
+    before = [(k.clone(), v.clone()) for k, v in pre.output.kv]
+    cache = pre.cache()
+    assert cache.layers[0].keys.data_ptr() == pre.output.kv[0][0].data_ptr()  # shared, not copied
+    first = engine.generate_from(pre, max_new_tokens=10)
+    assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(pre.output.kv, before))
+    again = engine.generate_from(pre, max_new_tokens=10)
+    assert again.token_ids == first.token_ids and len(first.token_ids) > 0

@@ -99,7 +99,8 @@ def blend_prefill(
         else:
             cached = inp.cached[layer].to(k.dtype)  # [2,Hkv,N,d]
             keys = apply_rope(cached[0], cos, sin)[None]  # [1,Hkv,N,d] realigned to final positions
-            values = cached[1][None].clone()  # [1,Hkv,N,d]
+            fresh_copy = inp.cached.dtype != k.dtype  # .to() above already copied: written in place below
+            values = cached[1][None] if fresh_copy else cached[1][None].clone()  # [1,Hkv,N,d]
             keys[:, :, active] = k_rot
             values[:, :, active] = v
         if layer in schedule:

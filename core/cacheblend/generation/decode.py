@@ -125,8 +125,10 @@ class Prefilled:
     stats: BlendStats
 
     def cache(self) -> Any:
-        """A fresh transformers cache holding the prompt's KV (safe to extend)."""
-        return self.adapter.make_cache([(k.clone(), v.clone()) for k, v in self.output.kv])
+        """A fresh transformers cache over the prompt's KV, safe to extend: decoding appends into
+        new tensors and never writes the prompt's KV, so nothing is copied before the first token
+        and the same Prefilled can be decoded again."""
+        return self.adapter.make_cache(self.output.kv)
 
     @torch.inference_mode()
     def continuation_logits(self, continuation: Sequence[int]) -> torch.Tensor:

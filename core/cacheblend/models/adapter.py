@@ -111,14 +111,18 @@ class ModelAdapter:
         else:
             # Selected rows are sorted by position: in groups, each attends only to the keys up
             # to its last row (and from its first row's window), skipping most masked-out work.
+            # Group g is rows [a, b) (contiguous slices, no gather); one host read of their
+            # first/last positions per call instead of two per group.
+            cuts = [len(c) for c in torch.tensor_split(torch.arange(q.shape[2]), _GROUPS)]  # host-side sizes
+            starts = [sum(cuts[:g]) for g in range(_GROUPS)]
+            ends = [a + c for a, c in zip(starts, cuts)]
+            first, last = q_pos[torch.tensor([starts, [e - 1 for e in ends]], device=q.device)].tolist()
             parts = []
-            for rows in torch.tensor_split(torch.arange(q.shape[2], device=q.device), _GROUPS):
-                hi = int(q_pos[rows[-1]]) + 1
-                lo = 0 if window is None else max(0, int(q_pos[rows[0]]) - window + 1)
-                keys = slice(lo, hi)  # k_pos is arange(N): key index == position
-                parts.append(
-                    self._masked(q[:, :, rows], k[:, :, keys], v[:, :, keys], q_pos[rows], k_pos[keys], window, None)
-                )
+            for a, b, p0, p1 in zip(starts, ends, first, last):
+                lo = 0 if window is None else max(0, p0 - window + 1)
+                keys = slice(lo, p1 + 1)  # k_pos is arange(N): key index == position
+                rows = slice(a, b)
+                parts.append(self._masked(q[:, :, rows], k[:, :, keys], v[:, :, keys], q_pos[rows], k_pos[keys], window, None))
             out = torch.cat(parts, dim=2)
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
@@ -161,10 +165,19 @@ class ModelAdapter:
 
     # -- decoding with the HF model -----------------------------------------------------------
     def make_cache(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-        """A transformers cache holding per-layer (rotated K [1,Hkv,N,d], V [1,Hkv,N,d])."""
+        """A transformers cache over per-layer (rotated K [1,Hkv,N,d], V [1,Hkv,N,d]), without copying.
+
+        ``DynamicCache(kv)`` would copy every layer (it concatenates onto an empty tensor) before
+        the first token. The tensors are shared instead: a ``DynamicLayer`` only ever grows by
+        ``torch.cat`` into new tensors, so decoding never writes into ``kv`` and the same KV can be
+        decoded again (tests/core/test_decode.py checks that it stays bit-identical).
+        """
         from transformers import DynamicCache
 
-        return DynamicCache(kv)
+        cache = DynamicCache([(k[:, :, :0], v[:, :, :0]) for k, v in kv])  # empty, initialized layers
+        for layer, (k, v) in zip(cache.layers, kv):
+            layer.keys, layer.values = k, v
+        return cache
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: Any, start: int) -> torch.Tensor:
