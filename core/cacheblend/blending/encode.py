@@ -19,8 +19,28 @@ def encode_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Seque
     """The KV of a batch of chunks (token ids), each behind ``context_ids``, right-padded.
 
     Returns [B, layers, 2, kv_heads, T, head_dim] with T the longest chunk; chunk b's rows are
-    ``[..., :len(chunks[b]), :]`` (the padding rows after them are garbage).
+    ``[..., :len(chunks[b]), :]`` (the padding rows after them are zero).
+
+    Chunks are computed in sub-batches of equal length, so no sub-batch has padding: each takes
+    the causal attention kernel instead of the explicit-mask path and spends nothing on padding
+    rows. Warming then runs at least as fast per token as a full prefill (benchmarks/warm_rate.py).
     """
+    by_length: dict[int, list[int]] = {}
+    for b, tok in enumerate(chunks):
+        by_length.setdefault(len(tok), []).append(b)
+    out = None
+    for length, rows in by_length.items():
+        ids = torch.tensor([[*context_ids, *chunks[b]] for b in rows], device=model.device)  # [b, ctx + length]
+        kv = encode_chunks(model, ids, torch.ones_like(ids, dtype=torch.bool), len(context_ids))  # [b, L, 2, Hkv, length, d]
+        if out is None:
+            out = kv.new_zeros((len(chunks), *kv.shape[1:4], max(map(len, chunks)), kv.shape[-1]))
+        out[rows, ..., :length, :] = kv
+    return out
+
+
+def encode_masked(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+    """``encode_padded`` as one padded batch through the explicit-mask path (the equivalence
+    tests compare the two; benchmarks/warm_rate.py times them)."""
     width = len(context_ids) + max(map(len, chunks))
     dev = model.device
     ids = torch.zeros((len(chunks), width), dtype=torch.long, device=dev)  # [B, T]

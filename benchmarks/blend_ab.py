@@ -1,0 +1,77 @@
+"""A/B of the blended prefill against the code at a git ref, interleaved in one process.
+
+    .venv/bin/python benchmarks/blend_ab.py --ref integration --prompts 2 --repeats 5
+
+Loads ``blending/blend.py`` and ``models/adapter.py`` as they are at ``--ref`` next to the
+working tree's, then times ``engine.prefill`` on pydoc prompts (6 x ~512 tokens, chunk KV in the
+memory tier) alternating the two, plus full prefill. Prints median TTFT per side and the
+new/old ratio: on shared CPUs only ratios within one run mean anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cacheblend.engine as engine_mod
+from cacheblend import BlendEngine
+from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_at(ref: str, path: str, name: str, package: str):
+    """The module at ``path`` as of git ``ref``, importable with its relative imports."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{path}"], check=True, capture_output=True, text=True).stdout
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = package
+    sys.modules[name] = module  # dataclasses look their module up
+    exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
+    return module
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ref", default="integration")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--ratio", type=float, default=0.15)
+    args = ap.parse_args()
+    engine = BlendEngine.from_pretrained()
+    old_blend = load_at(args.ref, "core/cacheblend/blending/blend.py", "ab_old_blend", "cacheblend.blending")
+    old_adapter = load_at(args.ref, "core/cacheblend/models/adapter.py", "ab_old_adapter", "cacheblend.models")
+    sides = {
+        "new": (engine.adapter, engine_mod.blend_prefill),
+        "old": (old_adapter.adapt(engine.adapter.model), old_blend.blend_prefill),
+    }
+    passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
+    examples = pydoc_workload(passages, args.prompts, 6)
+    engine.warm(sorted({p for ex in examples for p in ex.passages}))
+    times: dict[str, list[float]] = {"new": [], "old": [], "full": []}
+    for ex in examples:
+        req = dict(chunks=ex.passages, query=ex.question)
+        for _ in range(args.repeats):
+            for side, (adapter, blend) in sides.items():
+                engine.adapter, engine_mod.blend_prefill = adapter, blend
+                t = time.perf_counter()
+                pre = engine.prefill(**req, recompute_ratio=args.ratio)
+                if side == "old":  # the old Prefilled.cache(): a clone, then DynamicCache's copy
+                    adapter.make_cache([(k.clone(), v.clone()) for k, v in pre.output.kv])
+                else:
+                    pre.cache()  # what a caller needs before the first token
+                times[side].append(time.perf_counter() - t)
+            engine.adapter, engine_mod.blend_prefill = sides["new"]
+            times["full"].append(engine.prefill(**req, recompute_ratio=1.0).stats.ttft_s)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"ratio {args.ratio}: new {med['new']:.3f}s, old ({args.ref}) {med['old']:.3f}s, new/old {med['new'] / med['old']:.3f}")
+    print(f"speedup vs full prefill ({med['full']:.3f}s): new {med['full'] / med['new']:.2f}x, old {med['full'] / med['old']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
