@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.adapter import ModelAdapter
+from .feed import LayerFeed
 from .rope import apply_rope
 from .selection import Candidates, Selector
 
@@ -33,7 +34,7 @@ class BlendInput:
     ids: [N] token ids. reused: [N] bool, True where ``cached`` holds the token's KV.
     cached: [layers, 2, kv_heads, N, head_dim] K (before RoPE) and V, in the store's dtype (each
         layer is cast to the compute dtype when used); rows of uncached tokens are ignored. None
-        when nothing is reused.
+        when nothing is reused. It may live on the host: ``LayerFeed`` moves it layer by layer.
     chunk_offsets: [N] index of each token inside its chunk (0 for uncached tokens).
     """
 
@@ -83,6 +84,7 @@ def blend_prefill(
     if inp.cached is None or num_reused == 0:
         schedule = {}
     first_check = min(schedule, default=model.num_layers)
+    feed = LayerFeed(inp.cached, inp.ids.device, first_check) if schedule else None  # copies start now
     # The question: the uncached rows after the last reused token (at least the last row).
     last_reused = int(inp.reused.nonzero().max()) if num_reused else -1
     asking = pos > min(last_reused, n - 2)  # [N] bool
@@ -97,10 +99,9 @@ def blend_prefill(
         if layer < first_check:
             keys, values = k_rot, v  # full prefill: every row is fresh
         else:
-            cached = inp.cached[layer].to(k.dtype)  # [2,Hkv,N,d]
+            cached, owned = feed.layer(layer, k.dtype)  # [2,Hkv,N,d]
             keys = apply_rope(cached[0], cos, sin)[None]  # [1,Hkv,N,d] realigned to final positions
-            fresh_copy = inp.cached.dtype != k.dtype  # .to() above already copied: written in place below
-            values = cached[1][None] if fresh_copy else cached[1][None].clone()  # [1,Hkv,N,d]
+            values = cached[1][None] if owned else cached[1][None].clone()  # [1,Hkv,N,d], written below
             keys[:, :, active] = k_rot
             values[:, :, active] = v
         if layer in schedule:

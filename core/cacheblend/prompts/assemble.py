@@ -113,9 +113,15 @@ def assemble(
 
 
 def _gather(found: list[tuple[ChunkRecord, list[int], list[int]]], n: int, device: torch.device) -> torch.Tensor:
-    """[layers, 2, kv_heads, N, head_dim] in the records' dtype, zeros where nothing is cached."""
+    """[layers, 2, kv_heads, N, head_dim] in the records' dtype, zeros where nothing is cached.
+
+    Built where the records live (the host); on CUDA in pinned memory, so that the blend's
+    ``LayerFeed`` copies it to the device layer by layer, overlapped with the first layers."""
     layers, two, heads, _, dim = found[0][0].kv.shape
-    cached = found[0][0].kv.new_zeros((layers, two, heads, n, dim), device=device)
+    home = found[0][0].kv.device
+    pin = device.type == "cuda" and home.type == "cpu"
+    cached = torch.zeros((layers, two, heads, n, dim), dtype=found[0][0].kv.dtype, device=home, pin_memory=pin)
+    device = home
     for record, rows, chunk_rows in found:
         src = record.kv.to(device)  # [layers, 2, kv_heads, T, head_dim]
         if rows[-1] - rows[0] + 1 == len(rows) and chunk_rows[-1] - chunk_rows[0] + 1 == len(rows):

@@ -1,0 +1,41 @@
+"""Chunk KV to the compute device, layer by layer, behind the compute.
+
+Nothing cached is needed before the first check layer, so on CUDA the host -> device copies of
+every layer are queued on a side stream when the prefill starts (from pinned host memory, see
+``prompts/assemble.py``) and the compute stream waits, per layer, only for the copy of that
+layer: layer 0 starts before any KV has arrived and later copies overlap earlier layers.
+On CPU (or when the KV already lives on the device) a layer is just indexed and cast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LayerFeed:
+    """cached: [layers, 2, kv_heads, N, head_dim] anywhere; layers from ``first`` on are served."""
+
+    def __init__(self, cached: torch.Tensor, device: torch.device, first: int) -> None:
+        self.cached, self.device = cached, device
+        self.side = None
+        if device.type == "cuda" and cached.device.type == "cpu":
+            self.side = torch.cuda.Stream(device)
+            self.copies: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
+            with torch.cuda.stream(self.side):
+                for layer in range(first, cached.shape[0]):
+                    dev = cached[layer].to(device, non_blocking=True)  # [2, Hkv, N, d]
+                    done = torch.cuda.Event()
+                    done.record(self.side)
+                    self.copies[layer] = (dev, done)
+
+    def layer(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+        """Layer ``layer``'s cached K/V [2, Hkv, N, d] on the device in ``dtype``, and whether the
+        tensor is a private copy (safe to write in place) rather than a view of ``cached``."""
+        if self.side is None:
+            out = self.cached[layer].to(self.device, dtype)
+            return out, out.data_ptr() != self.cached[layer].data_ptr()
+        dev, done = self.copies.pop(layer)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(done)  # no host sync: the compute stream waits on the device
+        dev.record_stream(current)  # allocated on the side stream, used on this one
+        return dev.to(dtype), True
