@@ -1,5 +1,7 @@
 """Tiny random models of every supported family, built from configs (no weights download)."""
 
+import os
+
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -38,7 +40,8 @@ def tiny_model(family: str, rope: dict | None = None):
         for name, p in model.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(4.0)
-    return model.eval()
+    # benchmarks/gpu_check.sh runs the equivalence tests on CUDA through this variable.
+    return model.eval().to(os.environ.get("CACHEBLEND_TEST_DEVICE", "cpu"))
 
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]

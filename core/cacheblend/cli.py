@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="TTFT and quality: full prefill, prefix caching, full reuse, CacheBlend")
     b.add_argument("--model", default="smollm2-135m-instruct")
     b.add_argument("--device", default="auto")
+    b.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default: the device's)")
     b.add_argument("--dataset", help="a MuSiQue-format JSON (default: prompts over the pydoc corpus)")
     b.add_argument("--prompts", type=int, default=12, help="number of prompts (MuSiQue: first N examples)")
     b.add_argument("--start", type=int, default=0, help="first example (MuSiQue)")
@@ -92,7 +93,8 @@ def _engine(args, store_dir):
     from .engine import BlendEngine
 
     t = time.perf_counter()
-    engine = BlendEngine.from_pretrained(args.model, device=args.device, store_dir=store_dir)
+    dtype = getattr(args, "dtype", None)
+    engine = BlendEngine.from_pretrained(args.model, device=args.device, dtype=dtype, store_dir=store_dir)
     print(f"model {engine.name} loaded in {time.perf_counter() - t:.1f}s ({engine.adapter.device})")
     return engine
 
@@ -205,8 +207,10 @@ def cmd_bench(args) -> int:
     rows = bench.run(engine, examples, ratios=ratios, repeats=args.repeats, answer_tokens=args.answer_tokens)
     n_tokens = len(engine.token_ids(chunks=examples[0].passages, query=examples[0].question))
     title = f"{title}: {len(examples)} prompts of {args.chunks} chunks (~{n_tokens} tokens), {engine.name}, {engine.adapter.device}"
-    meta = {"args": vars(args) | {"func": None}, "seconds": time.perf_counter() - started}
+    rates = bench.throughput(engine, examples, rows)
+    meta = {"args": vars(args) | {"func": None}, "seconds": time.perf_counter() - started, "throughput": rates}
     print("\n" + bench.save(rows, out, title, meta))
+    print(f"\nwarming {rates['warming_tokens_per_s']:.0f} tokens/s vs full prefill {rates['full_prefill_tokens_per_s']:.0f} tokens/s")
     print(f"\nwrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}")
     return 0
 

@@ -155,6 +155,21 @@ def run(
     return [r.summary(full_ttft, engine.adapter.num_layers) for r in results.values()]
 
 
+def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict]) -> dict:
+    """Warming tokens/s (the first prompt's passages re-encoded as ``engine.warm`` does, batch 8)
+    against full-prefill tokens/s (the median full-prefill TTFT over the first prompt's length)."""
+    from ..blending.encode import encode_padded
+
+    chunks = sorted((engine.encode_chunk(p).ids for p in examples[0].passages), key=len)
+    started = time.perf_counter()
+    for i in range(0, len(chunks), 8):
+        encode_padded(engine.adapter, engine.context_ids, chunks[i : i + 8])
+    warm = sum(map(len, chunks)) / (time.perf_counter() - started)
+    n = len(engine.token_ids(chunks=examples[0].passages, query=examples[0].question, prefix=QA_PREFIX))
+    full = n / _row(rows, "full prefill")["ttft_s"]
+    return {"warming_tokens_per_s": warm, "full_prefill_tokens_per_s": full}
+
+
 def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) -> Prefilled:
     """Runs ``make`` ``repeats`` times (after emptying the memory tier when ``engine`` is given);
     records the median TTFT and load time; returns the last prefill."""
