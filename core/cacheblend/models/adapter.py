@@ -49,6 +49,7 @@ class ModelAdapter:
         self.scaling = attn.scaling
         self.max_positions = int(self.config.max_position_embeddings)
         self._windows = [_layer_window(self.config, i) for i in range(self.num_layers)]
+        self._plan: tuple[torch.Tensor, list[tuple[int, int, int, int]]] | None = None  # see _groups
 
     @property
     def device(self) -> torch.device:
@@ -111,20 +112,28 @@ class ModelAdapter:
         else:
             # Selected rows are sorted by position: in groups, each attends only to the keys up
             # to its last row (and from its first row's window), skipping most masked-out work.
-            # Group g is rows [a, b) (contiguous slices, no gather); one host read of their
-            # first/last positions per call instead of two per group.
-            cuts = [len(c) for c in torch.tensor_split(torch.arange(q.shape[2]), _GROUPS)]  # host-side sizes
-            starts = [sum(cuts[:g]) for g in range(_GROUPS)]
-            ends = [a + c for a, c in zip(starts, cuts)]
-            first, last = q_pos[torch.tensor([starts, [e - 1 for e in ends]], device=q.device)].tolist()
             parts = []
-            for a, b, p0, p1 in zip(starts, ends, first, last):
+            for a, b, p0, p1 in self._groups(q_pos):
                 lo = 0 if window is None else max(0, p0 - window + 1)
                 keys = slice(lo, p1 + 1)  # k_pos is arange(N): key index == position
                 rows = slice(a, b)
                 parts.append(self._masked(q[:, :, rows], k[:, :, keys], v[:, :, keys], q_pos[rows], k_pos[keys], window, None))
             out = torch.cat(parts, dim=2)
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    def _groups(self, q_pos: torch.Tensor) -> list[tuple[int, int, int, int]]:
+        """Row groups (a, b, first position, last position): group g is rows [a, b), contiguous
+        slices (no gather). The positions need one host read; the blend passes the same ``q_pos``
+        tensor to every layer between two check layers, so the plan is kept for that tensor and
+        the layers after a check layer run without any host sync."""
+        plan = self._plan
+        if plan is None or plan[0] is not q_pos:
+            cuts = [len(c) for c in torch.tensor_split(torch.arange(q_pos.shape[0]), _GROUPS)]  # host-side
+            starts = [sum(cuts[:g]) for g in range(_GROUPS)]
+            ends = [a + c for a, c in zip(starts, cuts)]
+            first, last = q_pos[torch.tensor([starts, [e - 1 for e in ends]], device=q_pos.device)].tolist()
+            plan = self._plan = (q_pos, list(zip(starts, ends, first, last)))  # holds q_pos: its id stays unique
+        return plan[1]
 
     def _masked(self, q, k, v, q_pos, k_pos, window, key_valid) -> torch.Tensor:
         mask = k_pos[None, :] <= q_pos[:, None]  # [n, N]
