@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/warm_rate.py --chunks 12 --repeats 3
 
 Takes ``--chunks`` pydoc passages (~384-512 tokens each) and times, alternately:
-- padded: the chunks in right-padded batches of 8 (the explicit-mask attention path);
-- warming: ``encode_padded``, what ``engine.warm`` runs (equal-length sub-batches, causal kernel);
+- warming: ``encode_padded`` in batches of 8, what ``engine.warm`` runs (explicit-mask path);
+- equal-length: ``encode_grouped`` (equal-length sub-batches, causal kernel), the alternative;
 - full prefill: one prefill over the same tokens concatenated in groups of 6 (~3,000 tokens,
   the size of a benchmark prompt).
 Prints the median tokens/s of each (chunk tokens only, the shared context excluded).
@@ -20,7 +20,7 @@ import torch
 
 from cacheblend import BlendEngine
 from cacheblend.blending.blend import BlendInput, blend_prefill
-from cacheblend.blending.encode import encode_masked, encode_padded
+from cacheblend.blending.encode import encode_padded, encode_grouped
 from cacheblend.blending.selection import NoneSelector
 from cacheblend.tools.datasets import pydoc_passages
 
@@ -40,11 +40,11 @@ def main() -> None:
 
     def padded():
         for i in range(0, len(order), 8):
-            encode_masked(model, ctx, order[i : i + 8])
+            encode_padded(model, ctx, order[i : i + 8])
 
     def warming():
         for i in range(0, len(order), 8):
-            encode_padded(model, ctx, order[i : i + 8])
+            encode_grouped(model, ctx, order[i : i + 8])
 
     def full():
         for i in range(0, len(chunks), 6):
@@ -52,7 +52,7 @@ def main() -> None:
             inp = BlendInput(ids, torch.zeros_like(ids, dtype=torch.bool), None, torch.zeros_like(ids))
             blend_prefill(model, inp, NoneSelector(), {})
 
-    runs = {"padded batches (before)": padded, "warming (encode_padded)": warming, "full prefill": full}
+    runs = {"warming (encode_padded)": padded, "equal-length (encode_grouped)": warming, "full prefill": full}
     rates: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.repeats):
         for name, fn in runs.items():

@@ -173,15 +173,15 @@ def test_prefix_caching_baseline_equals_full_prefill(make_engine, family):
 def test_warming_in_equal_length_sub_batches_matches_one_padded_batch(make_engine, family):
     """Warming runs equal-length sub-batches through the causal kernel; the result must equal the
     explicit-mask padded batch on every real row (and be zero on padding rows)."""
-    from cacheblend.blending.encode import encode_masked, encode_padded
+    from cacheblend.blending.encode import encode_padded, encode_grouped
 
     engine = make_engine(family)
     chunks = [engine.encode_chunk(c).ids for c in CHUNKS]
     chunks.append(list(chunks[0][: len(chunks[1])]))  # two chunks of the same length share a sub-batch
-    ours = encode_padded(engine.adapter, engine.context_ids, chunks)
-    masked = encode_masked(engine.adapter, engine.context_ids, chunks)
+    ours = encode_grouped(engine.adapter, engine.context_ids, chunks)
+    masked = encode_padded(engine.adapter, engine.context_ids, chunks)
     assert ours.shape == masked.shape
     for b, tok in enumerate(chunks):
         n = len(tok)
         torch.testing.assert_close(ours[b, ..., :n, :], masked[b, ..., :n, :], atol=1e-5, rtol=1e-5)
-        assert not ours[b, ..., n:, :].any()
+        assert not ours[b, ..., n:, :].any()  # encode_grouped zero-fills padding

@@ -15,7 +15,7 @@ from ..models.adapter import ModelAdapter
 from .rope import apply_rope
 
 
-def encode_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+def encode_grouped(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
     """The KV of a batch of chunks (token ids), each behind ``context_ids``, right-padded.
 
     Returns [B, layers, 2, kv_heads, T, head_dim] with T the longest chunk; chunk b's rows are
@@ -23,7 +23,9 @@ def encode_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Seque
 
     Chunks are computed in sub-batches of equal length, so no sub-batch has padding: each takes
     the causal attention kernel instead of the explicit-mask path and spends nothing on padding
-    rows. Warming then runs at least as fast per token as a full prefill (benchmarks/warm_rate.py).
+    rows. Not used by warming: under heavy CPU contention benchmarks/warm_rate.py measured it
+    slower than one padded batch (37 vs 97 tokens/s), so warming keeps ``encode_padded`` until a
+    quiet-machine measurement says otherwise.
     """
     by_length: dict[int, list[int]] = {}
     for b, tok in enumerate(chunks):
@@ -38,9 +40,10 @@ def encode_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Seque
     return out
 
 
-def encode_masked(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
-    """``encode_padded`` as one padded batch through the explicit-mask path (the equivalence
-    tests compare the two; benchmarks/warm_rate.py times them)."""
+def encode_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The KV of a batch of chunks (token ids), each behind ``context_ids``, as one right-padded
+    batch through the explicit-mask path. Returns [B, layers, 2, kv_heads, T, head_dim] with T the
+    longest chunk; chunk b's rows are ``[..., :len(chunks[b]), :]`` (padding rows are garbage)."""
     width = len(context_ids) + max(map(len, chunks))
     dev = model.device
     ids = torch.zeros((len(chunks), width), dtype=torch.long, device=dev)  # [B, T]
