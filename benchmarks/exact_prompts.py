@@ -2,6 +2,7 @@
 chunk's KV is reused inside the one tokenization? (issue 9)
 
     python benchmarks/exact_prompts.py            # prints a markdown table
+    python benchmarks/exact_prompts.py --musique ../shared/data/musique_s.json   # old vs new ids
 
 For each family (real tokenizers vendored in tests/data, a tiny random model of the architecture;
 and the bundled SmolLM2 model itself):
@@ -50,7 +51,34 @@ def _reused(engine, passages: list[str], prompt: str) -> float:
     return pre.stats.cached_tokens / sum(len(engine.encode_chunk(p).ids) for p in passages)
 
 
+def segmentwise_ids(tokenizer, text) -> list[int]:
+    """The old (before issue 9) way: template text, each chunk and each separator tokenized apart."""
+    ids, at = [], 0
+    for span in text.chunks:
+        for piece in (text.text[at : span.start], span.text):
+            ids += tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
+        at = span.end
+    return ids + tokenizer(text.text[at:], add_special_tokens=False)["input_ids"]
+
+
+def musique_check(path: str) -> None:
+    """How many bundled-model MuSiQue prompts the old segment-wise tokenization fed differently."""
+    from cacheblend import shared_engine
+    from cacheblend.tools.bench import QA_PREFIX
+    from cacheblend.tools.datasets import load_musique
+
+    engine = shared_engine()
+    data = load_musique(path, 6)
+    differ = 0
+    for ex in data:
+        text = engine.prompt_text(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX)
+        differ += segmentwise_ids(engine.tokenizer, text) != engine.token_ids(text.text)
+    print(f"MuSiQue prompts whose segment-wise ids differ from the tokenizer's: {differ} of {len(data)}")
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--musique":
+        return musique_check(sys.argv[2])
     from langchain_classic.chains.retrieval_qa.prompt import PROMPT
     from llama_index.core.prompts.default_prompts import DEFAULT_TEXT_QA_PROMPT_TMPL
 
