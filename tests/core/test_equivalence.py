@@ -185,3 +185,26 @@ def test_warming_in_equal_length_sub_batches_matches_one_padded_batch(make_engin
         n = len(tok)
         torch.testing.assert_close(ours[b, ..., :n, :], masked[b, ..., :n, :], atol=1e-5, rtol=1e-5)
         assert not ours[b, ..., n:, :].any()  # encode_grouped zero-fills padding
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+def test_selectors_compare_fresh_kv_with_the_cached_kv(make_engine, kv_dtype):
+    """At a check layer the selector sees the stored K/V of each candidate, untouched by the fresh
+    rows written into the layer's cache (an fp16 store is cast to a private fp32 copy, which once
+    aliased the buffer the fresh V went into, and every deviation read 0)."""
+    engine = make_engine("llama", kv_dtype=kv_dtype)
+    engine.warm(CHUNKS)
+    asm = assembled(engine, request(engine))
+    stored = asm.input.cached.clone()
+    seen = []
+
+    def spy(cand, budget):
+        seen.append(cand)
+        return DeviationSelector("v")(cand, budget)
+
+    blend_prefill(engine.adapter, asm.input, spy, {1: 0.15})
+    (cand,) = seen
+    torch.testing.assert_close(cand.cached_v, stored[1, 1][:, cand.positions].to(cand.cached_v.dtype))
+    torch.testing.assert_close(cand.cached_k, stored[1, 0][:, cand.positions].to(cand.cached_k.dtype))
+    assert (cand.fresh_v - cand.cached_v).abs().amax() > 1e-3
+    assert torch.equal(asm.input.cached, stored)

@@ -101,7 +101,9 @@ def blend_prefill(
         else:
             cached, owned = feed.layer(layer, k.dtype)  # [2,Hkv,N,d]
             keys = apply_rope(cached[0], cos, sin)[None]  # [1,Hkv,N,d] realigned to final positions
-            values = cached[1][None] if owned else cached[1][None].clone()  # [1,Hkv,N,d], written below
+            # [1,Hkv,N,d], written below. A check layer must keep the cached V intact: the
+            # selector compares it with the fresh V after the fresh rows are written here.
+            values = cached[1][None] if owned and layer not in schedule else cached[1][None].clone()
             keys[:, :, active] = k_rot
             values[:, :, active] = v
         if layer in schedule:
