@@ -14,9 +14,8 @@ from store_faults import DAMAGES, damage
 
 from cacheblend import ChunkRecord, StoreWarning
 from cacheblend.stores.redis import RedisStore
-from cacheblend.tools.local_redis import RedisServer, server_binary
+from cacheblend.tools.local_redis import RedisServer
 
-pytestmark = pytest.mark.skipif(server_binary() is None, reason="no redis-server (install the dev extra)")
 
 FP = "e" * 64
 HERE = Path(__file__).resolve().parent
