@@ -34,17 +34,25 @@ SETTINGS = {
     "full reuse": BlendConfig(ratios=(0.0,)),
     "context=none, 15%": BlendConfig(chunk_context="none"),
     "context=bos, 15%": BlendConfig(chunk_context="bos"),
+    "neighbours 1, 15%": BlendConfig(neighbours=1),
+    "neighbours 2, 15%": BlendConfig(neighbours=2),
+    "neighbours 2, full reuse": BlendConfig(ratios=(0.0,), neighbours=2),
 }
+
+
+def warming(cfg: BlendConfig) -> tuple[str, int]:
+    """What a setting's chunk KV depends on: the engines that warm it differ only in this."""
+    return cfg.chunk_context, cfg.neighbours
 
 
 def main() -> None:
     base = shared_engine()
     texts = [passage(i) for i in range(len(FACTS))]
-    engines: dict[str, BlendEngine] = {}
+    engines: dict[tuple[str, int], BlendEngine] = {}
     for cfg in SETTINGS.values():
-        if cfg.chunk_context not in engines:
-            engines[cfg.chunk_context] = BlendEngine(base.adapter.model, base.tokenizer, config=cfg)
-            engines[cfg.chunk_context].warm(texts, progress=False)
+        if warming(cfg) not in engines:
+            engines[warming(cfg)] = BlendEngine(base.adapter.model, base.tokenizer, config=cfg)
+            engines[warming(cfg)].warm(texts, progress=False)
     n = len(FACTS)
     kls = {name: [] for name in SETTINGS}
     right = {name: [] for name in SETTINGS}
@@ -58,7 +66,7 @@ def main() -> None:
         other = dict(req, chunks=[texts[(i + k) % n] for k in OTHER_ORDER])
         reorder_right.append(correct(base.generate(**other, recompute_ratio=1.0, max_new_tokens=24).text, answers))
         for name, cfg in SETTINGS.items():
-            pre = engines[cfg.chunk_context].prefill(**req, config=cfg)
+            pre = engines[warming(cfg)].prefill(**req, config=cfg)
             kls[name].append(answer_kl(full, pre, reference.token_ids))
             right[name].append(correct(base.generate_from(pre, max_new_tokens=24).text, answers))
     k = sum(full_right)

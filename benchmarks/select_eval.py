@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/select_eval.py --split dev --count 120 --methods reuse,deviation,query
 
-One engine, warmed once; per question one full prefill (the reference), then every method:
+One engine per warming setting (chunks alone, or behind their K most similar passages of the
+split's pool: the ``nbK`` methods), each warmed once; per question one full prefill (the reference), then every method:
 accuracy (greedy short answer contains the gold string), agreement (the same answer as full
 prefill), mean KL(full || method) over the full-prefill answer's tokens, recomputed share, and
 the median ratio of its prefill time to full prefill's (short prompts: a rough guide only).
@@ -16,7 +17,7 @@ import time
 
 import torch
 
-from cacheblend import BlendConfig, shared_engine
+from cacheblend import BlendConfig, BlendEngine, shared_engine
 from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import token_f1
@@ -54,6 +55,14 @@ METHODS = {
     "deviation L2": (BlendConfig(check_layers=(2,)), None),
     "gradual 1+4": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), None),
     "gradual 1+4 q+d": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), CombinedSelector(0.5)),
+    # neighbour-aware warming: chunks computed behind their 1 or 2 most similar passages of the pool
+    "nb1 deviation": (BlendConfig(neighbours=1), None),
+    "nb2 deviation": (BlendConfig(neighbours=2), None),
+    "nb2 reuse": (BlendConfig(ratios=(0.0,), neighbours=2), None),
+    "nb2 deviation 5%": (BlendConfig(ratios=(0.05,), neighbours=2), None),
+    "nb2 q+d 0.5": (BlendConfig(neighbours=2), CombinedSelector(0.5)),
+    "nb2 chunk_start": (BlendConfig(neighbours=2), ChunkStartSelector()),
+    "nb4 deviation": (BlendConfig(neighbours=4), None),
 }
 
 
@@ -71,7 +80,14 @@ def examples(dataset: str, split: str, count: int, engine) -> list:
 def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print) -> dict[str, dict]:
     engine = shared_engine()
     qs = examples(dataset, split, count, engine)
-    engine.warm(sorted({p for q in qs for p in q.passages}), progress=False)
+    pool = sorted({p for q in qs for p in q.passages})
+    engines = {0: engine}
+    for k in sorted({METHODS[n][0].neighbours for n in names} - {0}):
+        engines[k] = BlendEngine(engine.adapter.model, engine.tokenizer, config=BlendConfig(neighbours=k))
+    for k, eng in engines.items():
+        started = time.time()
+        eng.warm(pool, progress=False)
+        log(f"warmed {len(pool)} passages behind {k} neighbours in {time.time() - started:.0f} s", flush=True)
     default_cfg = engine.config
     keys = ("right", "agree", "f1", "top1", "kl", "share", "time")
     rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
@@ -86,8 +102,9 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
             ends_eos = ref.stats.finish_reason == "stop" and p[-1].argmax().item() in engine.eos_ids
             for name in names:
                 cfg, sel = METHODS[name]
-                engine.config, engine.selector = cfg, sel
-                pre = engine.prefill(**req)
+                eng = engines[cfg.neighbours]
+                eng.config, eng.selector = cfg, sel
+                pre = eng.prefill(**req)
                 kl, top1, same = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
                 text = ref.text if same else engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP).text
                 share = pre.stats.recomputed_tokens / pre.stats.prompt_tokens

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from langchain_community.vectorstores import FAISS
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -73,14 +74,44 @@ class CacheBlendFAISS(FAISS):
             self._engine = resolve_engine(self._engine_spec)
         return self._engine
 
-    def warm(self, texts: Iterable[str]) -> int:
-        """Warms ``texts`` in this store's engine (and ``kv_dir``); returns how many."""
-        return warm_texts(texts, self.engine, store_dir=self.kv_dir)
+    def warm(self, texts: Iterable[str], store_dir: str | os.PathLike | None = None) -> int:
+        """Warms ``texts`` in this store's engine (and ``store_dir``, default ``kv_dir``); returns how
+        many. An engine that warms chunks behind similar passages (``BlendConfig(neighbours=K)``)
+        gets each document's nearest documents by this index's own vectors and distance."""
+        return warm_texts(texts, self.engine, store_dir=store_dir or self.kv_dir, neighbours=self.nearest_texts)
+
+    def nearest_texts(self, texts: list[str]) -> list[list[str] | None]:
+        """For each text, the ``page_content`` of its ``engine.config.neighbours`` nearest other
+        documents in this index (what a retriever returns beside it), nearest first; None for a text
+        the index does not hold or cannot give back a vector for (the engine then picks)."""
+        k = self.engine.config.neighbours
+        content = {pos: doc.page_content for pos, doc in self._docs_by_position().items()}
+        where: dict[str, int] = {}
+        for pos, text in content.items():
+            where.setdefault(text.strip(), pos)
+        known = sorted({where[t.strip()] for t in texts if t.strip() in where})
+        if not k or not known:
+            return [None] * len(texts)
+        try:
+            vectors = np.stack([self.index.reconstruct(pos) for pos in known])  # [n, dim]
+        except RuntimeError:  # an index type that keeps no vectors to give back
+            return [None] * len(texts)
+        _, found = self.index.search(vectors, min(self.index.ntotal, k + 4))  # [n, k + 4]: room for copies
+        near = {}
+        for pos, hits in zip(known, found.tolist()):
+            own = content[pos].strip()
+            others = [content[h] for h in hits if h in content and content[h].strip() != own]
+            near[pos] = list(dict.fromkeys(others))[:k]
+        return [near[where[t.strip()]] if t.strip() in where else None for t in texts]
+
+    def _docs_by_position(self) -> dict[int, Document]:
+        """FAISS row -> its document."""
+        docs = {pos: self.docstore.search(i) for pos, i in self.index_to_docstore_id.items()}
+        return {pos: d for pos, d in docs.items() if isinstance(d, Document)}
 
     def documents(self) -> list[Document]:
         """Every document in the index, in index order."""
-        docs = (self.docstore.search(i) for i in self.index_to_docstore_id.values())
-        return [d for d in docs if isinstance(d, Document)]
+        return list(self._docs_by_position().values())
 
     # -- adding: FAISS first (it validates), then warming --------------------------------------
     def add_texts(self, texts: Iterable[str], metadatas: Metas = None, ids: Ids = None, **kwargs: Any) -> list:
@@ -152,7 +183,7 @@ class CacheBlendFAISS(FAISS):
         super().save_local(str(folder_path), index_name)
         kv_dir = Path(folder_path) / KV_DIR
         texts = [d.page_content for d in self.documents()]
-        warm_texts(texts, self.engine, store_dir=kv_dir)
+        self.warm(texts, store_dir=kv_dir)
         write_json(kv_dir / f"{index_name}.json", {
             "format": MANIFEST_FORMAT,
             "model": self.engine.name,
@@ -210,5 +241,5 @@ class CacheBlendFAISS(FAISS):
                 stacklevel=3,
             )
             if warm_missing:
-                warm_texts(missing, self.engine, store_dir=kv_dir)
+                self.warm(missing, store_dir=kv_dir)
         return len(missing)

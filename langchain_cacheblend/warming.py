@@ -12,7 +12,7 @@ still contains it). KV keys are content-addressed and kept by the engine, never 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,14 +32,18 @@ def warm_texts(
     *,
     store_dir: str | Path | None = None,
     progress: bool | None = None,
+    neighbours: Callable[[list[str]], Sequence[Sequence[str] | None]] | None = None,
 ) -> int:
     """Warms ``texts``; returns how many were warmed. Idempotent: stored texts cost nothing.
 
     Blank and short texts are skipped, and so, with a warning, is a text longer than the model's
     context window (``cacheblend.integrations.warm_texts``): one bad document never stops the rest
-    of its batch. ``store_dir`` also writes the KV to a disk store there.
+    of its batch. ``store_dir`` also writes the KV to a disk store there. ``neighbours``: for an
+    engine that warms chunks behind similar passages (``BlendConfig(neighbours=K)``), a function
+    giving each text's nearest passages (default: the engine's own choice).
     """
-    return len(integrations.warm_texts(resolve_engine(engine), texts, store_dir=store_dir, progress=progress))
+    engine = resolve_engine(engine)
+    return len(integrations.warm_texts(engine, texts, store_dir=store_dir, progress=progress, neighbours=neighbours))
 
 
 def warm_documents(

@@ -12,6 +12,7 @@ SELECTORS = ("deviation", "query", "query+deviation", "random", "chunk_start", "
 MEASURES = ("k", "v", "kv")
 CHUNK_CONTEXTS = ("none", "bos", "system")
 KV_DTYPES = ("float16", "bfloat16", "float32", "int8", "int4")
+MAX_NEIGHBOURS = 8
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class BlendConfig:
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
             template's system header). It is part of every chunk key.
+        neighbours: how many similar passages each chunk is warmed behind (after the chunk context),
+            0 for none. Chunks computed behind passages like them blend closer to full prefill
+            (``cacheblend.neighbours``). Part of the fingerprint: KV warmed behind neighbours never
+            mixes with KV warmed alone, and is reused wherever the chunk lands, whatever it is
+            retrieved with (its K is stored before RoPE, like any chunk's).
         kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and
             Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16);
             ``int4`` the same in 4 bits with groups of 32 (about 0.31x; see docs/STORES.md for its cost).
@@ -48,6 +54,7 @@ class BlendConfig:
     selector: str = "deviation"
     measure: str = "v"
     chunk_context: str = "system"
+    neighbours: int = 0
     kv_dtype: str = "float16"
     seed: int = 0
     query_weight: float = 0.5
@@ -76,6 +83,8 @@ class BlendConfig:
             raise ValueError(f"sinks must be a non-negative integer, got {self.sinks!r}")
         if not isinstance(self.fresh_check, bool):
             raise ValueError(f"fresh_check must be True or False, got {self.fresh_check!r}")
+        if not isinstance(self.neighbours, int) or isinstance(self.neighbours, bool) or not 0 <= self.neighbours <= MAX_NEIGHBOURS:
+            raise ValueError(f"neighbours must be an integer in [0, {MAX_NEIGHBOURS}], got {self.neighbours!r}")
         _check_choice("measure", self.measure, MEASURES)
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)

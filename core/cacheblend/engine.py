@@ -28,6 +28,7 @@ from .generation.decode import Decoding, GenerationStream, Prefilled, Sampling, 
 from .models import bundled
 from .models.adapter import adapt
 from .models.loading import load_pretrained
+from .neighbours import NeighbourIndex
 from .prompts.assemble import assemble
 from .prompts.finder import ChunkFinder
 from .prompts.request import (
@@ -76,10 +77,12 @@ class BlendEngine:
         self.selector = selector
         self.context_ids = chunk_context_ids(tokenizer, self.config.chunk_context)  # each chunk is warmed behind
         self.fingerprint = model_fingerprint(
-            model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.context_ids
+            model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.context_ids,
+            neighbours=self.config.neighbours,
         )
         self.stores = StoreChain(MemoryStore(memory_bytes))
         self.finder = ChunkFinder()
+        self.neighbour_index = NeighbourIndex()  # filled by warm() when config.neighbours > 0
         self.eos_ids = eos_ids(model, tokenizer)
         self._lock = threading.RLock()
 
@@ -173,6 +176,7 @@ class BlendEngine:
         store_dir: str | Path | None = None,
         batch_size: int = 8,
         progress: bool | None = None,
+        neighbours: Sequence[Sequence[str]] | None = None,
     ) -> list[ChunkKey]:
         """Computes and stores the KV of every text not stored yet; returns their keys in order.
 
@@ -180,14 +184,18 @@ class BlendEngine:
         ``store_dir`` if that store lacks it). Every text is validated before any compute. Attached
         Redis stores are written through: a chunk one of them lacks is written to it.
         ``progress``: a progress bar (default: when 16 or more chunks need computing).
+        ``neighbours`` (with ``BlendConfig.neighbours`` > 0): for each text, the passages to compute
+        it behind, most similar first (e.g. a vector index's nearest neighbours); by default the
+        engine picks the most similar chunks it knows (``cacheblend.neighbours``).
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         chunks = warming.prepare(self, texts)
+        behind = warming.given_neighbours(self, chunks, neighbours)
         with self._lock:
             target = self.attach_store(store_dir) if store_dir is not None else None
             disk = target if isinstance(target, DiskStore) else None  # Redis stores are all written
-            warming.store_missing(self, chunks, disk, batch_size, progress)
+            warming.store_missing(self, chunks, disk, batch_size, progress, behind)
             self.finder.add(c.text for c in chunks)
         return [c.key for c in chunks]
 

@@ -4,7 +4,8 @@
 stores nothing from its batch), then, under the engine's lock, ``store_missing`` encodes only the
 chunks neither memory nor an attached store holds, batched by similar length, and writes each
 record to memory, to the requested disk store and through to every attached Redis store (copying
-records those stores lack).
+records those stores lack). With ``BlendConfig.neighbours`` > 0 each chunk is computed behind
+its most similar passages (``cacheblend.neighbours``), one chunk at a time.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from collections.abc import Sequence
+
 from .blending.encode import encode_padded
+from .neighbours import behind
 from .prompts.request import clean_chunk
 from .stores import ChunkKey, ChunkRecord, DiskStore, chunk_key, compact
 
@@ -42,8 +46,36 @@ def prepare(engine: BlendEngine, texts) -> list[WarmChunk]:
     return chunks
 
 
+def given_neighbours(
+    engine: BlendEngine, chunks: list[WarmChunk], neighbours: Sequence[Sequence[str]] | None
+) -> dict[str, list[str]]:
+    """Validates ``BlendEngine.warm``'s ``neighbours``: chunk text -> the passages it is computed
+    behind (cleaned, blank ones dropped, at most ``config.neighbours``). A None entry leaves the
+    choice to the engine's neighbour index."""
+    if neighbours is None:
+        return {}
+    k = engine.config.neighbours
+    if k == 0:
+        raise ValueError("neighbours were given, but this engine warms chunks alone (BlendConfig.neighbours=0)")
+    if isinstance(neighbours, str) or len(neighbours) != len(chunks):
+        raise ValueError(f"neighbours must hold one list of texts per text warmed ({len(chunks)}), got {neighbours!r:.80}")
+    out = {}
+    for chunk, near in zip(chunks, neighbours):
+        if near is None:
+            continue
+        if isinstance(near, str) or not all(isinstance(t, str) for t in near):
+            raise ValueError(f"each entry of neighbours must be a list of texts, got {near!r:.80}")
+        out[chunk.text] = [t.strip() for t in near if t.strip() and t.strip() != chunk.text][:k]
+    return out
+
+
 def store_missing(
-    engine: BlendEngine, chunks: list[WarmChunk], disk: DiskStore | None, batch_size: int, progress: bool | None
+    engine: BlendEngine,
+    chunks: list[WarmChunk],
+    disk: DiskStore | None,
+    batch_size: int,
+    progress: bool | None,
+    given: dict[str, list[str]] | None = None,
 ) -> None:
     """Computes the chunks no store holds; stored records that ``disk`` or an attached Redis store
     lacks are copied into it (Redis: one round trip asks which keys it lacks).
@@ -67,11 +99,50 @@ def store_missing(
             disk.put(record)
         for remote in to_remote:
             remote.put(record)
-    _compute(engine, list(todo.values()), disk, batch_size, progress)
+    if engine.config.neighbours:
+        _index(engine, chunks)
+    _compute(engine, list(todo.values()), disk, batch_size, progress, given or {})
+
+
+def _index(engine: BlendEngine, chunks: list[WarmChunk]) -> None:
+    """Adds this call's chunks and every chunk the engine knows to its neighbour index."""
+    index = engine.neighbour_index
+    index.add([c.text for c in chunks], [c.ids for c in chunks])
+    known = sorted(t for t in engine.finder if t not in index)
+    index.add(known, [engine.encode_chunk(t).ids for t in known])
+
+
+def _contexts(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]]) -> list[list[int]]:
+    """The ids each chunk of ``batch`` is computed behind: the chunk context, then (with
+    ``config.neighbours``) its neighbours, given or found in the engine's neighbour index."""
+    k = engine.config.neighbours
+    if not k:
+        return [list(engine.context_ids)] * len(batch)
+    found = engine.neighbour_index.nearest([c.ids for c in batch], k, exclude=[c.text for c in batch])
+    out = []
+    for chunk, near in zip(batch, found):
+        texts = given.get(chunk.text, near)
+        ids = [engine.encode_chunk(t).ids for t in texts]
+        out.append(behind(engine.context_ids, ids, len(chunk.ids), engine.context_window))
+    return out
+
+
+def _encode(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]]) -> list:
+    """Each chunk's KV, [layers, 2, kv_heads, T_padded, head_dim] per chunk: one padded batch
+    behind the shared chunk context, or one chunk at a time behind its own neighbours."""
+    contexts = _contexts(engine, batch, given)
+    if not engine.config.neighbours:
+        return list(encode_padded(engine.adapter, contexts[0], [c.ids for c in batch]))
+    return [encode_padded(engine.adapter, ctx, [c.ids])[0] for ctx, c in zip(contexts, batch)]
 
 
 def _compute(
-    engine: BlendEngine, todo: list[WarmChunk], disk: DiskStore | None, batch_size: int, progress: bool | None
+    engine: BlendEngine,
+    todo: list[WarmChunk],
+    disk: DiskStore | None,
+    batch_size: int,
+    progress: bool | None,
+    given: dict[str, list[str]],
 ) -> None:
     from tqdm.auto import tqdm
 
@@ -81,7 +152,7 @@ def _compute(
     with tqdm(total=len(order), desc="warming KV", unit="chunk", disable=not show) as bar:
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
-            batch_kv = encode_padded(engine.adapter, engine.context_ids, [c.ids for c in batch])  # [B,L,2,Hkv,T,d]
+            batch_kv = _encode(engine, batch, given)  # B x [L, 2, Hkv, T, d]
             records = []
             for chunk, kv in zip(batch, batch_kv):
                 stored = kv[..., : len(chunk.ids), :].to("cpu", dense).contiguous()  # [L, 2, Hkv, tokens, d]

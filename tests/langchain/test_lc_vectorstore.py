@@ -190,3 +190,44 @@ def test_torn_kv_file_is_recomputed_with_a_warning(tmp_path, embeddings, tiny_mo
     CacheBlendFAISS.load_local(tmp_path, embeddings, allow_dangerous_deserialization=True, engine=reader)
     with pytest.warns(StoreWarning, match="unreadable"):
         assert lookup(reader, texts) == (1, 1)
+
+
+NEIGHBOURLY = [
+    "The harbour of Kelm keeps three wooden ships: the Auk, the Tern and the Petrel, all built in Kelm.",
+    "The Auk and the Tern, wooden ships of the Kelm harbour, sail to the salt islands every summer.",
+    "The Petrel, the oldest wooden ship of Kelm harbour, was rebuilt after the storm of 1902.",
+    "Beekeepers on the Varn hills move their hives to the heather fields late in July each year.",
+    "Heather honey from the Varn hills is dark and thick; the beekeepers press it from the comb.",
+]
+
+
+def test_an_engine_warming_behind_neighbours_gets_them_from_the_faiss_index(engine, embeddings):
+    """With BlendConfig(neighbours=2), each document is computed behind its two nearest documents by
+    the index's own vectors: the ones its retriever returns beside it."""
+    import torch
+
+    from cacheblend import BlendConfig
+    from cacheblend.blending.encode import encode_padded
+    from cacheblend.neighbours import behind
+
+    nb = BlendEngine(engine.adapter.model, engine.tokenizer, config=BlendConfig(neighbours=2))
+    def retrieved(store, text):
+        return [d.page_content for d in store.similarity_search(text, k=3) if d.page_content != text][:2]
+
+    store = CacheBlendFAISS.from_texts(NEIGHBOURLY[:-1], embeddings, engine=nb)
+    near = {t: retrieved(store, t) for t in NEIGHBOURLY[:-1]}  # the index as each was warmed
+    asked = []
+    nearest = store.nearest_texts
+    store.nearest_texts = lambda texts: asked.append(list(texts)) or nearest(texts)
+    store.add_texts(NEIGHBOURLY[-1:])
+    assert asked == [NEIGHBOURLY[-1:]]  # warming asked the index for the new document's neighbours
+    near[NEIGHBOURLY[-1]] = retrieved(store, NEIGHBOURLY[-1])
+    assert nearest(NEIGHBOURLY[-1:]) == [near[NEIGHBOURLY[-1]]]
+    for text in NEIGHBOURLY:
+        ids = nb.encode_chunk(text).ids
+        context = behind(nb.context_ids, [nb.encode_chunk(t).ids for t in near[text]], len(ids), nb.context_window)
+        expected = encode_padded(nb.adapter, context, [ids])[0].to(torch.float16)
+        stored = nb.stores.get(nb.chunk_keys([text])[0]).kv
+        torch.testing.assert_close(stored, expected, atol=1e-3, rtol=1e-3)
+    assert store.nearest_texts(["a text the index does not hold, long enough to be warmed"]) == [None]
+    assert lookup(nb, NEIGHBOURLY[:2]) == (2, 0)

@@ -16,7 +16,7 @@ So both integrations warm through ``warm_texts``:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,10 +45,14 @@ def warm_texts(
     store_dir: str | Path | None = None,
     batch_size: int = 8,
     progress: bool | None = None,
+    neighbours: Callable[[list[str]], Sequence[Sequence[str] | None]] | None = None,
 ) -> list[ChunkKey]:
     """Warms the warmable ``texts`` that fit; returns the keys of those warmed, in order.
 
     Idempotent: stored texts cost nothing. ``store_dir`` also writes the KV to a disk store there.
+    ``neighbours`` (engines with ``BlendConfig.neighbours`` > 0): called with the texts about to be
+    warmed, returns the passages each is computed behind (None: the engine picks), e.g. from the
+    caller's vector index.
     """
     room = engine.max_chunk_tokens
     todo = []
@@ -65,4 +69,5 @@ def warm_texts(
         )
     if not todo:
         return []
-    return engine.warm(todo, store_dir=store_dir, batch_size=batch_size, progress=progress)
+    near = neighbours(todo) if neighbours is not None and engine.config.neighbours else None
+    return engine.warm(todo, store_dir=store_dir, batch_size=batch_size, progress=progress, neighbours=near)

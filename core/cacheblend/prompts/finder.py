@@ -50,6 +50,10 @@ class ChunkFinder:
     def __contains__(self, text: str) -> bool:
         return text in self._known
 
+    def __iter__(self):
+        """The known texts (a snapshot, in no particular order)."""
+        return iter(list(self._known))
+
     def add(self, texts: Iterable[str]) -> None:
         """Adds chunk texts (already stripped, non-empty)."""
         for text in texts:

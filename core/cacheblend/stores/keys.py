@@ -2,8 +2,11 @@
 
 A chunk key is sha256 over (fingerprint, layout version, the chunk's token ids). The fingerprint
 covers everything that changes a chunk's KV: model config and weights, tokenizer, compute and KV
-dtypes, and the context tokens each chunk is computed behind. Keys are independent of where and
-in which order a chunk appears in a prompt.
+dtypes, the context tokens each chunk is computed behind, and how many similar passages it is
+computed behind (``BlendConfig.neighbours``; which ones depends on the corpus it was warmed in,
+so a chunk warmed into two corpora sharing one store keeps the first one's KV, as good a start
+for the blend as any). Keys are independent of where and in which order a chunk appears in a
+prompt.
 """
 
 from __future__ import annotations
@@ -54,8 +57,12 @@ def model_fingerprint(
     *,
     kv_dtype: str,
     context_ids: Sequence[int],
+    neighbours: int = 0,
 ) -> Fingerprint:
-    """The fingerprint every chunk key of this model and setting is derived from."""
+    """The fingerprint every chunk key of this model and setting is derived from.
+
+    ``neighbours``: how many similar passages each chunk is warmed behind (0: alone; then the
+    fingerprint is the one of every earlier version, so existing stores stay valid)."""
     parts = {
         "config": _stable_config(model.config),
         "weights": weights_digest(model),
@@ -65,6 +72,8 @@ def model_fingerprint(
         "context": list(map(int, context_ids)),
         "layout": LAYOUT_VERSION,
     }
+    if neighbours:
+        parts["neighbours"] = int(neighbours)
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return Fingerprint(hashlib.sha256(blob).hexdigest())
 

@@ -1,0 +1,171 @@
+"""Neighbour-aware warming (BlendConfig.neighbours): which passages a chunk is computed behind,
+that its stored KV is exactly what the model computes there, how it is keyed, and that it
+blends closer to full prefill on the real model."""
+
+import pytest
+import torch
+
+from cacheblend import BlendConfig, BlendEngine
+from cacheblend.neighbours import NeighbourIndex, behind
+from cacheblend.stores import model_fingerprint
+
+from tiny_models import tiny_model
+
+SHIPS = [
+    "The harbour of Kelm keeps three wooden ships: the Auk, the Tern and the Petrel, all built in Kelm.",
+    "The Auk and the Tern, wooden ships of the Kelm harbour, sail to the salt islands every summer.",
+    "The Petrel, the oldest wooden ship of Kelm harbour, was rebuilt after the storm of 1902.",
+]
+BEES = [
+    "Beekeepers on the Varn hills move their hives to the heather fields late in July each year.",
+    "Heather honey from the Varn hills is dark and thick; the beekeepers press it from the comb.",
+]
+
+
+def _ids(engine, texts):
+    return [engine.encode_chunk(t).ids for t in texts]
+
+
+def test_index_finds_passages_on_the_same_topic_most_similar_first(tokenizer):
+    index = NeighbourIndex()
+    texts = SHIPS + BEES
+    ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    index.add(texts, ids)
+    near = index.nearest(ids, 2, exclude=texts)
+    for i, picks in enumerate(near):
+        assert texts[i] not in picks
+        group = SHIPS if texts[i] in SHIPS else BEES
+        assert picks[0] in group  # the nearest is on the same topic
+    assert near[3] == [BEES[1], *near[3][1:]]  # BEES has one other passage; it comes first
+    assert index.nearest(ids[:1], 0) == [[]]
+    assert NeighbourIndex().nearest(ids[:1], 2) == [[]]
+    index.add(texts[:1], ids[:1])  # a text already present is kept once
+    assert len(index) == len(texts)
+
+
+def test_behind_drops_the_least_similar_neighbours_that_do_not_fit():
+    ctx, near = [1, 2], [[10, 11, 12], [20, 21]]  # most similar first
+    assert behind(ctx, near, 4, room=100) == [1, 2, 20, 21, 10, 11, 12]  # most similar next to the chunk
+    assert behind(ctx, near, 4, room=9) == [1, 2, 10, 11, 12]
+    assert behind(ctx, near, 4, room=6) == [1, 2]
+
+
+@pytest.mark.parametrize("bad", [-1, 9, True, 1.5, "2"])
+def test_config_rejects_a_bad_neighbour_count(bad):
+    with pytest.raises(ValueError, match="neighbours"):
+        BlendConfig(neighbours=bad)
+
+
+def test_neighbours_are_part_of_the_fingerprint_and_alone_keeps_the_old_one(make_engine):
+    alone, behind2 = make_engine("llama"), make_engine("llama", neighbours=2)
+    assert alone.fingerprint != behind2.fingerprint
+    assert alone.chunk_keys(SHIPS) != behind2.chunk_keys(SHIPS)
+    legacy = model_fingerprint(alone.adapter.model, alone.tokenizer, kv_dtype="float32", context_ids=alone.context_ids)
+    assert alone.fingerprint == legacy  # stores warmed before neighbours existed stay valid
+
+
+def _hf_chunk_kv(engine, context: list[int], chunk: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the chunk rows' (K after RoPE, V) of a plain transformers forward of context + chunk."""
+    ids = torch.tensor([[*context, *chunk]])
+    out = engine.adapter.model(input_ids=ids, use_cache=True)
+    return [(layer.keys[0, :, -len(chunk):], layer.values[0, :, -len(chunk):]) for layer in out.cache.layers]
+
+
+def _assert_record_is(engine, text: str, context: list[int]):
+    """The stored record of ``text`` is the model's KV of it behind ``context`` (K rotated to its
+    positions there: records keep K before RoPE)."""
+    (chunk,) = _ids(engine, [text])
+    (key,) = engine.chunk_keys([text])
+    record = engine.stores.get(key)
+    pos = torch.arange(len(context), len(context) + len(chunk))
+    cos, sin = engine.adapter.rope(pos)
+    from cacheblend.blending.rope import apply_rope
+
+    for layer, (k, v) in enumerate(_hf_chunk_kv(engine, context, chunk)):
+        ours_k = apply_rope(record.kv[layer, 0].float(), cos, sin)
+        torch.testing.assert_close(ours_k, k, atol=1e-5, rtol=1e-5, msg=lambda m: f"K of layer {layer}: {m}")
+        torch.testing.assert_close(record.kv[layer, 1].float(), v, atol=1e-5, rtol=1e-5)
+
+
+def test_a_chunk_is_stored_as_computed_behind_its_two_nearest_passages(make_engine):
+    engine = make_engine("llama", neighbours=2)
+    engine.warm(SHIPS + BEES)
+    near = engine.neighbour_index.nearest(_ids(engine, [SHIPS[0]]), 2, exclude=[SHIPS[0]])[0]
+    assert set(near) == set(SHIPS[1:])
+    context = behind(engine.context_ids, _ids(engine, near), 0, engine.context_window)
+    _assert_record_is(engine, SHIPS[0], context)
+    # alone, the same chunk's KV differs: the neighbours changed what it attended to
+    alone = make_engine("llama")
+    alone.warm(SHIPS[:1])
+    (key,) = alone.chunk_keys(SHIPS[:1])
+    (key2,) = engine.chunk_keys(SHIPS[:1])
+    assert (alone.stores.get(key).kv - engine.stores.get(key2).kv).abs().amax() > 1e-3
+
+
+def test_a_chunk_warmed_later_finds_neighbours_among_the_chunks_already_warmed(make_engine):
+    engine = make_engine("llama", neighbours=1)
+    engine.warm(SHIPS[:2] + BEES)
+    engine.warm([SHIPS[2]])  # warmed on its own: its neighbour comes from what the engine knows
+    near = engine.neighbour_index.nearest(_ids(engine, [SHIPS[2]]), 1, exclude=[SHIPS[2]])[0]
+    assert near[0] in SHIPS[:2]
+    _assert_record_is(engine, SHIPS[2], behind(engine.context_ids, _ids(engine, near), 0, 10**6))
+
+
+def test_explicit_neighbours_are_used_as_given(make_engine):
+    engine = make_engine("llama", neighbours=2)
+    engine.warm([SHIPS[0]], neighbours=[[BEES[0], BEES[1]]])
+    _assert_record_is(engine, SHIPS[0], [*engine.context_ids, *_ids(engine, [BEES[1]])[0], *_ids(engine, [BEES[0]])[0]])
+    before = engine.stores.get(engine.chunk_keys(SHIPS[:1])[0]).kv.clone()
+    engine.warm([SHIPS[0]], neighbours=[[SHIPS[1]]])  # stored already: nothing is recomputed
+    assert torch.equal(engine.stores.get(engine.chunk_keys(SHIPS[:1])[0]).kv, before)
+
+
+def test_bad_explicit_neighbours_are_refused_before_any_compute(make_engine):
+    alone = make_engine("llama")
+    with pytest.raises(ValueError, match="warms chunks alone"):
+        alone.warm(SHIPS[:1], neighbours=[[SHIPS[1]]])
+    engine = make_engine("llama", neighbours=2)
+    with pytest.raises(ValueError, match="one list of texts per text"):
+        engine.warm(SHIPS[:2], neighbours=[[SHIPS[2]]])
+    with pytest.raises(ValueError, match="list of texts"):
+        engine.warm(SHIPS[:1], neighbours=[SHIPS[2]])
+    assert not any(engine.is_warm(t) for t in SHIPS)
+
+
+def test_a_chunk_warmed_behind_neighbours_is_reused_wherever_it_lands(make_engine):
+    """Reused in any order and beside any passages; at ratio 1.0 the answer is still full prefill's."""
+    engine = make_engine("llama", neighbours=2)
+    engine.warm(SHIPS + BEES)
+    for chunks in ([BEES[0], SHIPS[2]], [SHIPS[2], BEES[1], SHIPS[0]]):
+        assert engine.prefill(chunks=chunks, query="Which ship is oldest?").stats.chunk_hits == len(chunks)
+        pre = engine.prefill(chunks=chunks, query="Which ship is oldest?", recompute_ratio=1.0)
+        ids = engine.token_ids(chunks=chunks, query="Which ship is oldest?")
+        logits = engine.adapter.model(input_ids=torch.tensor([ids])).logits[0, -1]
+        torch.testing.assert_close(pre.output.logits, logits, atol=1e-4, rtol=1e-4)
+
+
+def test_real_model_neighbour_warming_blends_closer_to_full_prefill(real_engine):
+    """On development fact questions, chunks warmed behind 2 similar passages blend (15%, deviation)
+    closer to full prefill than chunks warmed alone, which beat full reuse: mean KL over the answers."""
+    from cacheblend.tools.factset import questions
+    from cacheblend.tools.quality import answer_kl
+
+    qs = questions("dev", 4)
+    pool = sorted({p for q in questions("dev", 12) for p in q.passages})
+    nb = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(neighbours=2))
+    nb.warm(pool)
+    real_engine.warm(pool)
+    kl = {"reuse": [], "alone": [], "neighbours": []}
+    for q in qs:
+        req = dict(chunks=q.passages, query=q.question, prefix="Answer briefly from the passages.")
+        full = real_engine.prefill(**req, recompute_ratio=1.0)
+        ref = real_engine.generate_from(full, max_new_tokens=12)
+        for name, pre in (
+            ("reuse", real_engine.prefill(**req, recompute_ratio=0.0)),
+            ("alone", real_engine.prefill(**req)),
+            ("neighbours", nb.prefill(**req)),
+        ):
+            assert pre.stats.chunk_hits == len(q.passages)
+            kl[name].append(answer_kl(full, pre, ref.token_ids))
+    mean = {k: sum(v) / len(v) for k, v in kl.items()}
+    assert mean["neighbours"] < 0.8 * mean["alone"] < 0.8 * mean["reuse"], mean
