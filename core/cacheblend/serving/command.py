@@ -13,7 +13,8 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--model", default="smollm2-135m-instruct", help="HF id/path, .gguf file, or the bundled alias")
     s.add_argument("--device", default="auto")
     s.add_argument("--store", default=str(DEFAULT_STORE),
-                   help=f"disk KV store directory, or 'none' for memory only (default {DEFAULT_STORE})")
+                   help=f"KV store: a directory (disk), a Redis URL (redis://host:port/db, shared by every "
+                        f"replica attached to it), or 'none' for memory only (default {DEFAULT_STORE})")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=os.environ.get("CACHEBLEND_API_KEY"),
@@ -33,11 +34,14 @@ def cmd_serve(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    store = None if args.store.lower() == "none" else Path(args.store).expanduser()
+    from ..stores.redis import is_redis_url
+
+    remote = is_redis_url(args.store)
+    store = None if args.store.lower() == "none" else args.store if remote else Path(args.store).expanduser()
     engine = BlendEngine.from_pretrained(args.model, device=args.device, store_dir=store)
     app = create_app(
         engine,
-        store_dir=store,
+        store_dir=None if remote else store,  # warm() writes through to every attached Redis store
         api_key=args.api_key or None,
         model_names=[args.served_model_name or args.model],
         max_batch=args.max_batch,
