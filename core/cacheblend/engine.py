@@ -76,13 +76,14 @@ class BlendEngine:
         self.config.check_model_layers(self.adapter.num_layers)
         self.selector = selector
         self.context_ids = chunk_context_ids(tokenizer, self.config.chunk_context)  # each chunk is warmed behind
+        self.neighbours = self.config.neighbours  # ... and behind this many similar passages (fixed: it keys the KV)
         self.fingerprint = model_fingerprint(
             model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.context_ids,
-            neighbours=self.config.neighbours,
+            neighbours=self.neighbours,
         )
         self.stores = StoreChain(MemoryStore(memory_bytes))
         self.finder = ChunkFinder()
-        self.neighbour_index = NeighbourIndex()  # filled by warm() when config.neighbours > 0
+        self.neighbour_index = NeighbourIndex()  # filled by warm() when neighbours > 0
         self.eos_ids = eos_ids(model, tokenizer)
         self._lock = threading.RLock()
 

@@ -54,7 +54,7 @@ def given_neighbours(
     choice to the engine's neighbour index."""
     if neighbours is None:
         return {}
-    k = engine.config.neighbours
+    k = engine.neighbours
     if k == 0:
         raise ValueError("neighbours were given, but this engine warms chunks alone (BlendConfig.neighbours=0)")
     if isinstance(neighbours, str) or len(neighbours) != len(chunks):
@@ -99,7 +99,7 @@ def store_missing(
             disk.put(record)
         for remote in to_remote:
             remote.put(record)
-    if engine.config.neighbours:
+    if engine.neighbours:
         _index(engine, chunks)
     _compute(engine, list(todo.values()), disk, batch_size, progress, given or {})
 
@@ -115,7 +115,7 @@ def _index(engine: BlendEngine, chunks: list[WarmChunk]) -> None:
 def _contexts(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]]) -> list[list[int]]:
     """The ids each chunk of ``batch`` is computed behind: the chunk context, then (with
     ``config.neighbours``) its neighbours, given or found in the engine's neighbour index."""
-    k = engine.config.neighbours
+    k = engine.neighbours
     if not k:
         return [list(engine.context_ids)] * len(batch)
     found = engine.neighbour_index.nearest([c.ids for c in batch], k, exclude=[c.text for c in batch])
@@ -131,7 +131,7 @@ def _encode(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[s
     """Each chunk's KV, [layers, 2, kv_heads, T_padded, head_dim] per chunk: one padded batch
     behind the shared chunk context, or one chunk at a time behind its own neighbours."""
     contexts = _contexts(engine, batch, given)
-    if not engine.config.neighbours:
+    if not engine.neighbours:
         return list(encode_padded(engine.adapter, contexts[0], [c.ids for c in batch]))
     return [encode_padded(engine.adapter, ctx, [c.ids])[0] for ctx, c in zip(contexts, batch)]
 

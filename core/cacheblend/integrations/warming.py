@@ -69,5 +69,5 @@ def warm_texts(
         )
     if not todo:
         return []
-    near = neighbours(todo) if neighbours is not None and engine.config.neighbours else None
+    near = neighbours(todo) if neighbours is not None and engine.neighbours else None
     return engine.warm(todo, store_dir=store_dir, batch_size=batch_size, progress=progress, neighbours=near)
