@@ -12,8 +12,10 @@ the median ratio of its prefill time to full prefill's (short prompts: a rough g
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -55,15 +57,16 @@ METHODS = {
     "deviation L2": (BlendConfig(check_layers=(2,)), None),
     "gradual 1+4": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), None),
     "gradual 1+4 q+d": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), CombinedSelector(0.5)),
-    # neighbour-aware warming: chunks computed behind their 1 or 2 most similar passages of the pool
-    "nb1 deviation": (BlendConfig(neighbours=1), None),
-    "nb2 deviation": (BlendConfig(neighbours=2), None),
-    "nb2 reuse": (BlendConfig(ratios=(0.0,), neighbours=2), None),
-    "nb2 deviation 5%": (BlendConfig(ratios=(0.05,), neighbours=2), None),
-    "nb2 q+d 0.5": (BlendConfig(neighbours=2), CombinedSelector(0.5)),
-    "nb2 chunk_start": (BlendConfig(neighbours=2), ChunkStartSelector()),
-    "nb4 deviation": (BlendConfig(neighbours=4), None),
+    "deviation 5%": (BlendConfig(ratios=(0.05,)), None),
 }
+# neighbour-aware warming: chunks computed behind their K most similar passages of the pool
+for _k in (1, 2, 4):
+    METHODS[f"nb{_k} reuse"] = (BlendConfig(ratios=(0.0,), neighbours=_k), None)
+    for _r in (5, 15, 30):
+        _suffix = "" if _r == 15 else f" {_r}%"
+        METHODS[f"nb{_k} deviation{_suffix}"] = (BlendConfig(ratios=(_r / 100,), neighbours=_k), None)
+    METHODS[f"nb{_k} q+d 0.5"] = (BlendConfig(neighbours=_k), CombinedSelector(0.5))
+    METHODS[f"nb{_k} chunk_start"] = (BlendConfig(neighbours=_k), ChunkStartSelector())
 
 
 def examples(dataset: str, split: str, count: int, engine) -> list:
@@ -165,6 +168,7 @@ def main() -> None:
     ap.add_argument("--methods", default="reuse,deviation,random,chunk_start")
     ap.add_argument("--answer-tokens", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 suits shared CPUs)")
+    ap.add_argument("--json", default=None, help="also write the per-method means here (benchmarks/frontier.py plots them)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -176,6 +180,11 @@ def main() -> None:
     rows = run(args.dataset, args.split, args.count, names, args.answer_tokens)
     print(table(rows))
     print(f"{args.dataset}, {args.split} split, {time.time() - started:.0f} s")
+    if args.json:
+        summary = {name: {k: (statistics.median(v) if k == "time" else statistics.mean(v)) if v and v[0] is not None else None
+                          for k, v in r.items()} for name, r in rows.items()}
+        meta = {"dataset": Path(args.dataset).stem, "split": args.split, "count": len(rows["full prefill"]["kl"])}
+        Path(args.json).write_text(json.dumps({"meta": meta, "methods": summary}, indent=2))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default="auto")
         sp.add_argument("--dir", default=dir_default, required=dir_default is None, help="index directory")
         sp.add_argument("--max-tokens", type=int, default=512, help="passage size when splitting documents")
+        neighbours_arg(sp)
 
     d = sub.add_parser("demo", help="index the pydoc corpus, warm its KV, answer questions")
     common(d, ".cacheblend/demo")
@@ -81,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--answer-tokens", type=int, default=32, help="greedy answer length for the quality columns")
     b.add_argument("--out", default="bench_out")
     b.add_argument("--store", default=None, help="KV store directory (default: OUT/store)")
+    neighbours_arg(b)
     b.set_defaults(func=cmd_bench)
 
     from .serving.command import add_serve_parser
@@ -89,12 +91,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def neighbours_arg(sp) -> None:
+    """``--neighbours K``: how many similar passages each chunk is warmed behind (BlendConfig.neighbours)."""
+    from .config import BlendConfig
+
+    default = BlendConfig().neighbours
+    sp.add_argument("--neighbours", type=int, default=default,
+                    help=f"warm each chunk behind its K most similar passages (default {default}; 0: alone)")
+
+
 def _engine(args, store_dir):
+    from .config import BlendConfig
     from .engine import BlendEngine
 
     t = time.perf_counter()
     dtype = getattr(args, "dtype", None)
-    engine = BlendEngine.from_pretrained(args.model, device=args.device, dtype=dtype, store_dir=store_dir)
+    config = BlendConfig(neighbours=args.neighbours)
+    engine = BlendEngine.from_pretrained(args.model, device=args.device, dtype=dtype, store_dir=store_dir, config=config)
     print(f"model {engine.name} loaded in {time.perf_counter() - t:.1f}s ({engine.adapter.device})")
     return engine
 

@@ -23,6 +23,9 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    from ..cli import neighbours_arg
+
+    neighbours_arg(s)
     s.set_defaults(func=cmd_serve)
 
 
@@ -38,7 +41,10 @@ def cmd_serve(args) -> int:
 
     remote = is_redis_url(args.store)
     store = None if args.store.lower() == "none" else args.store if remote else Path(args.store).expanduser()
-    engine = BlendEngine.from_pretrained(args.model, device=args.device, store_dir=store)
+    from ..config import BlendConfig
+
+    config = BlendConfig(neighbours=args.neighbours)
+    engine = BlendEngine.from_pretrained(args.model, device=args.device, store_dir=store, config=config)
     app = create_app(
         engine,
         store_dir=None if remote else store,  # warm() writes through to every attached Redis store

@@ -1,0 +1,64 @@
+"""The speed/quality frontier of every method (issue 10), from ``select_eval.py --json`` runs.
+
+    .venv/bin/python benchmarks/frontier.py docs/frontier.png runs/pydoc.json runs/musique.json runs/facts.json
+
+One panel per dataset: x is the prefill speedup over full prefill (the median ratio measured in
+the same run as the quality, one thread), y the mean KL(full prefill || method) over the
+full-prefill answer (lower is better), and a second row the answer F1 against full prefill's
+answer. Lines join one warming setting across recompute ratios (5%, 15%, 30%); the best methods
+sit low and to the right.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def family(name: str) -> tuple[str, float]:
+    """(curve label, recompute ratio) of a select_eval method name."""
+    m = re.fullmatch(r"(nb\d+ )?(deviation|reuse)(?: (\d+)%)?", name)
+    if m:
+        warm = f"warmed behind {m.group(1).strip()[2:]} neighbours" if m.group(1) else "warmed alone"
+        ratio = 0.0 if m.group(2) == "reuse" else int(m.group(3) or 15) / 100
+        return f"deviation, {warm}", ratio
+    return name, 0.15
+
+
+def main() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out, paths = Path(sys.argv[1]), sys.argv[2:]
+    fig, axes = plt.subplots(2, len(paths), figsize=(5.2 * len(paths), 7.5), squeeze=False)
+    for col, path in enumerate(paths):
+        data = json.loads(Path(path).read_text())
+        curves: dict[str, list[tuple[float, float, float]]] = {}
+        for name, row in data["methods"].items():
+            if name == "full prefill" or not row["time"]:
+                continue
+            label, ratio = family(name)
+            curves.setdefault(label, []).append((ratio, 1 / row["time"], row["kl"], row["f1"]))
+        for label, points in sorted(curves.items()):
+            points.sort()
+            style = "o-" if len(points) > 1 else "s"
+            for row, key in ((0, 2), (1, 3)):
+                axes[row][col].plot([p[1] for p in points], [p[key] for p in points], style, label=label)
+        meta = data["meta"]
+        axes[0][col].set(title=f"{meta['dataset']} ({meta['split']} split, {meta['count']} prompts)",
+                         ylabel="mean KL vs full prefill (lower is better)")
+        axes[0][col].set_ylim(bottom=0)
+        axes[1][col].set(xlabel="prefill speedup over full prefill", ylabel="answer F1 vs full prefill")
+        axes[1][col].set_ylim(0, 1.02)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
