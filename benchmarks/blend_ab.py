@@ -25,14 +25,30 @@ from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_at(ref: str, path: str, name: str, package: str):
-    """The module at ``path`` as of git ``ref``, importable with its relative imports."""
+def load_at(ref: str, path: str, name: str, package: str, siblings: tuple[str, ...] = ()):
+    """The module at ``path`` as of git ``ref``, importable with its relative imports. The modules
+    named in ``siblings`` (same folder) are imported as they are at ``ref`` where they exist there,
+    so that the old module runs against the helpers it was written for."""
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{path}"], check=True, capture_output=True, text=True).stdout
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = package
     sys.modules[name] = module  # dataclasses look their module up
-    exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
+    saved = {}
+    for sibling in siblings:
+        sib_path = str(Path(path).parent / f"{sibling}.py")
+        if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}:{sib_path}"], capture_output=True).returncode == 0:
+            full = f"{package}.{sibling}"
+            saved[full] = sys.modules.get(full)
+            sys.modules[full] = load_at(ref, sib_path, f"{name}_{sibling}", package)
+    try:
+        exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
+    finally:
+        for full, previous in saved.items():
+            if previous is None:
+                sys.modules.pop(full)
+            else:
+                sys.modules[full] = previous
     return module
 
 
@@ -42,9 +58,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ratio", type=float, default=0.15)
+    ap.add_argument("--old-clone", action="store_true", help="time the old side with the cache clone of refs before 9c02532")
     args = ap.parse_args()
     engine = BlendEngine.from_pretrained()
-    old_blend = load_at(args.ref, "core/cacheblend/blending/blend.py", "ab_old_blend", "cacheblend.blending")
+    old_blend = load_at(args.ref, "core/cacheblend/blending/blend.py", "ab_old_blend", "cacheblend.blending", ("feed", "rope"))
     old_adapter = load_at(args.ref, "core/cacheblend/models/adapter.py", "ab_old_adapter", "cacheblend.models")
     sides = {
         "new": (engine.adapter, engine_mod.blend_prefill),
@@ -61,7 +78,7 @@ def main() -> None:
                 engine.adapter, engine_mod.blend_prefill = adapter, blend
                 t = time.perf_counter()
                 pre = engine.prefill(**req, recompute_ratio=args.ratio)
-                if side == "old":  # the old Prefilled.cache(): a clone, then DynamicCache's copy
+                if side == "old" and args.old_clone:  # Prefilled.cache() before 9c02532: a clone, then a copy
                     adapter.make_cache([(k.clone(), v.clone()) for k, v in pre.output.kv])
                 else:
                     pre.cache()  # what a caller needs before the first token
