@@ -97,8 +97,8 @@ def blend_prefill(
             cached = feed.layer(layer)  # [2,Hkv,N,d] store dtype, keys before RoPE; read-only
             layer_kv = realign(cached, cos, sin, k.dtype)  # [2,Hkv,N,d]: this layer's decode cache
             if layer in schedule:
-                budget = budget_for(schedule[layer], check.num_reused)
-                pick = check.pick(model, layer, budget, cached, rows, x, k, v, layer_kv)  # into active
+                here = _CheckLayer(model, layer, x, k, v, cached, layer_kv)
+                pick = check.pick(here, rows, budget_for(schedule[layer], check.num_reused))  # into active
                 if fresh_check:  # every active row has fresh K/V: all of them stay in the cache
                     _write(layer_kv, k, v, rows)
                 rows, x, h = rows.take(pick, cos, sin), x[:, pick], h[:, pick]
@@ -146,6 +146,21 @@ def _indices(mask: torch.Tensor, count: int) -> torch.Tensor:
 
 
 @dataclass
+class _CheckLayer:
+    """A check layer's tensors. x: [1,n,hidden] the normed input of the active rows; k, v:
+    [1,Hkv,n,d] their fresh K (before RoPE) and V; cached: [2,Hkv,N,d] the stored K (before RoPE)
+    and V; layer_kv: [2,Hkv,N,d] the cached K/V realigned, no fresh row written yet."""
+
+    model: ModelAdapter
+    layer: int
+    x: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cached: torch.Tensor
+    layer_kv: torch.Tensor
+
+
+@dataclass
 class _Check:
     """What a check layer needs besides the layer's tensors. keep_always: [N] bool, the uncached
     rows and the last row (whose logits start decoding), all ``num_always`` of them always active;
@@ -169,24 +184,23 @@ class _Check:
         asking = torch.arange(n, device=inp.ids.device) > min(last_reused, n - 2)  # [N]
         return cls(inp, selector, num_reused, keep_always, int(keep_always.sum()), asking)
 
-    def pick(self, model, layer, budget, cached, rows, x, k, v, layer_kv) -> torch.Tensor:
+    def pick(self, at: _CheckLayer, rows: _Rows, budget: int) -> torch.Tensor:
         """Indices into ``rows.active`` to keep: every always-kept row plus the selector's pick
-        (sorted). cached: [2,Hkv,N,d] stored K (before RoPE) and V; x: [1,n,hidden] the layer's
-        normed input; k, v: [1,Hkv,n,d] fresh; layer_kv: [2,Hkv,N,d] realigned cached K/V."""
+        of ``budget`` candidates (sorted)."""
         always = self.keep_always[rows.active]  # [n] bool
         cand = _indices(~always, rows.active.shape[0] - self.num_always)  # into active: reusable rows
         tokens = rows.active[cand]
         needs = bool(getattr(self.selector, "needs_query", False))
         chosen = self.selector(
             Candidates(
-                layer=layer,
-                fresh_k=k[0][:, cand],
-                fresh_v=v[0][:, cand],
-                cached_k=cached[0][:, tokens].to(k.dtype),
-                cached_v=cached[1][:, tokens].to(v.dtype),
+                layer=at.layer,
+                fresh_k=at.k[0][:, cand],
+                fresh_v=at.v[0][:, cand],
+                cached_k=at.cached[0][:, tokens].to(at.k.dtype),
+                cached_v=at.cached[1][:, tokens].to(at.v.dtype),
                 positions=tokens,
                 chunk_offsets=self.inp.chunk_offsets[tokens],
-                query_attention=self._query_attention(model, layer, rows, x, k, layer_kv)[:, :, tokens] if needs else None,
+                query_attention=self._query_attention(at, rows)[:, :, tokens] if needs else None,
             ),
             budget,
         )
@@ -194,15 +208,16 @@ class _Check:
         keep[cand[chosen]] = True
         return _indices(keep, self.num_always + chosen.shape[0])
 
-    def _query_attention(self, model, layer, rows, x, k, layer_kv) -> torch.Tensor:
+    def _query_attention(self, at: _CheckLayer, rows: _Rows) -> torch.Tensor:
         """The attention the question's rows pay every prompt row at this layer: [H, m, N] fp32,
         over the keys as they are before the selection (fresh where active, cached elsewhere).
         Only the m question rows are scored (m*N per head, no N*N)."""
         mine = self.asking[rows.active]  # [n] bool
-        q = apply_rope(model.q(layer, x[:, mine]), rows.cos[mine], rows.sin[mine])[0].float()  # [H, m, d]
-        keys = layer_kv[0].clone()  # [Hkv, N, d]
-        keys.index_copy_(1, rows.active, apply_rope(k[0], rows.cos, rows.sin))
+        q = at.model.q(at.layer, at.x[:, mine])  # [1, H, m, d] before RoPE
+        q = apply_rope(q, rows.cos[mine], rows.sin[mine])[0].float()  # [H, m, d]
+        keys = at.layer_kv[0].clone()  # [Hkv, N, d]
+        keys.index_copy_(1, rows.active, apply_rope(at.k[0], rows.cos, rows.sin))
         keys = keys.float().repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # [H, N, d]
-        scores = q @ keys.transpose(1, 2) * model.scaling  # [H, m, N]
+        scores = q @ keys.transpose(1, 2) * at.model.scaling  # [H, m, N]
         causal = torch.arange(keys.shape[1], device=q.device)[None, :] <= rows.active[mine][:, None]  # [m, N]
         return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
