@@ -5,7 +5,9 @@
 Loads ``blending/blend.py`` and ``models/adapter.py`` as they are at ``--ref`` next to the
 working tree's, then times ``engine.prefill`` on pydoc prompts (6 x ~512 tokens, chunk KV in the
 memory tier) alternating the two, plus full prefill. Prints median TTFT per side and the
-new/old ratio: on shared CPUs only ratios within one run mean anything.
+new/old ratio (also as the median of the back-to-back pairs' ratios, less sensitive to load
+changes): on shared CPUs only ratios within one run mean anything. It also prints, per prompt, the
+largest difference between the two sides' logits and KV (0.0: bit-identical outputs).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"new": [], "old": [], "full": []}
     for ex in examples:
         req = dict(chunks=ex.passages, query=ex.question)
+        outputs = []
         for _ in range(args.repeats):
             for side, (adapter, blend) in sides.items():
                 engine.adapter, engine_mod.blend_prefill = adapter, blend
@@ -83,11 +86,22 @@ def main() -> None:
                 else:
                     pre.cache()  # what a caller needs before the first token
                 times[side].append(time.perf_counter() - t)
+                if len(outputs) < 2:  # the first repeat's new and old outputs, compared below
+                    outputs.append(pre.output)
             engine.adapter, engine_mod.blend_prefill = sides["new"]
             times["full"].append(engine.prefill(**req, recompute_ratio=1.0).stats.ttft_s)
+        print(f"{len(ex.passages)} chunks: new vs old max |diff| {_max_diff(*outputs[:2]):.3g} (logits and KV)")
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"ratio {args.ratio}: new {med['new']:.3f}s, old ({args.ref}) {med['old']:.3f}s, new/old {med['new'] / med['old']:.3f}")
+    pairs = statistics.median(a / b for a, b in zip(times["new"], times["old"]))
+    print(f"ratio {args.ratio}: new {med['new']:.3f}s, old ({args.ref}) {med['old']:.3f}s, new/old {med['new'] / med['old']:.3f} (median of pairs {pairs:.3f})")
     print(f"speedup vs full prefill ({med['full']:.3f}s): new {med['full'] / med['new']:.2f}x, old {med['full'] / med['old']:.2f}x")
+
+
+def _max_diff(a, b) -> float:
+    """The largest absolute difference between two BlendOutputs' logits and per-layer K/V."""
+    diffs = [(a.logits - b.logits).abs().max()]
+    diffs += [(x - y).abs().max() for ka, kb in zip(a.kv, b.kv) for x, y in zip(ka, kb)]
+    return float(max(diffs))
 
 
 if __name__ == "__main__":
