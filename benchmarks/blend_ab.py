@@ -39,7 +39,8 @@ def load_at(ref: str, path: str, name: str, package: str, siblings: tuple[str, .
     saved = {}
     for sibling in siblings:
         sib_path = str(Path(path).parent / f"{sibling}.py")
-        if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}:{sib_path}"], capture_output=True).returncode == 0:
+        exists = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}:{sib_path}"], capture_output=True)
+        if exists.returncode == 0:
             full = f"{package}.{sibling}"
             saved[full] = sys.modules.get(full)
             sys.modules[full] = load_at(ref, sib_path, f"{name}_{sibling}", package)
@@ -60,10 +61,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ratio", type=float, default=0.15)
-    ap.add_argument("--old-clone", action="store_true", help="time the old side with the cache clone of refs before 9c02532")
+    ap.add_argument("--old-clone", action="store_true", help="old side: the cache clone of refs before 9c02532")
     args = ap.parse_args()
     engine = BlendEngine.from_pretrained()
-    old_blend = load_at(args.ref, "core/cacheblend/blending/blend.py", "ab_old_blend", "cacheblend.blending", ("feed", "rope"))
+    blend_path = "core/cacheblend/blending/blend.py"
+    old_blend = load_at(args.ref, blend_path, "ab_old_blend", "cacheblend.blending", ("feed", "rope"))
     old_adapter = load_at(args.ref, "core/cacheblend/models/adapter.py", "ab_old_adapter", "cacheblend.models")
     sides = {
         "new": (engine.adapter, engine_mod.blend_prefill),
@@ -93,7 +95,8 @@ def main() -> None:
         print(f"{len(ex.passages)} chunks: new vs old max |diff| {_max_diff(*outputs[:2]):.3g} (logits and KV)")
     med = {k: statistics.median(v) for k, v in times.items()}
     pairs = statistics.median(a / b for a, b in zip(times["new"], times["old"]))
-    print(f"ratio {args.ratio}: new {med['new']:.3f}s, old ({args.ref}) {med['old']:.3f}s, new/old {med['new'] / med['old']:.3f} (median of pairs {pairs:.3f})")
+    print(f"ratio {args.ratio}: new {med['new']:.3f}s, old ({args.ref}) {med['old']:.3f}s, "
+          f"new/old {med['new'] / med['old']:.3f} (median of pairs {pairs:.3f})")
     print(f"speedup vs full prefill ({med['full']:.3f}s): new {med['full'] / med['new']:.2f}x, old {med['full'] / med['old']:.2f}x")
 
 

@@ -47,11 +47,10 @@ class RowPlan:
         self.q_pos = q_pos  # [n] sorted positions
         n = q_pos.shape[0]
         self.causal = n == num_keys  # every row: the causal kernel applies
-        cuts = [len(c) for c in torch.tensor_split(torch.arange(n), _GROUPS if n >= _GROUP_MIN_ROWS else 1)]
-        starts = [sum(cuts[:g]) for g in range(len(cuts)) if cuts[g]]
-        ends = [a + c for a, c in zip(starts, [c for c in cuts if c])]
-        first, last = q_pos[torch.tensor([starts, [e - 1 for e in ends]], device=q_pos.device)].tolist()
-        self._rows = list(zip(starts, ends, first, last))  # (a, b, position of row a, of row b-1)
+        splits = torch.tensor_split(torch.arange(n), _GROUPS if n >= _GROUP_MIN_ROWS else 1)  # host-side
+        bounds = [(int(c[0]), int(c[-1])) for c in splits if len(c)]  # first and last row of each group
+        first, last = q_pos[torch.tensor(bounds, device=q_pos.device).T].tolist()  # the one host read
+        self._rows = [(a, z + 1, p0, p1) for (a, z), p0, p1 in zip(bounds, first, last)]  # (a, b, pos of a, of b-1)
         self._masks: dict[tuple[int | None, torch.dtype], list[torch.Tensor]] = {}
 
     def groups(self, window: int | None) -> list[tuple[int, int, int, int]]:
