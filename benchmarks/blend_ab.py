@@ -5,7 +5,9 @@
 Loads ``blending/blend.py`` and ``models/adapter.py`` as they are at ``--ref`` next to the
 working tree's, then times ``engine.prefill`` on pydoc prompts (6 x ~512 tokens, chunk KV in the
 memory tier) alternating the two, plus full prefill. Prints median TTFT per side and the
-new/old ratio: on shared CPUs only ratios within one run mean anything.
+new/old ratio (also as the median of the back-to-back pairs' ratios, less sensitive to load
+changes): on shared CPUs only ratios within one run mean anything. It also prints, per prompt, the
+largest difference between the two sides' logits and KV (0.0: bit-identical outputs).
 """
 
 from __future__ import annotations
@@ -25,14 +27,31 @@ from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_at(ref: str, path: str, name: str, package: str):
-    """The module at ``path`` as of git ``ref``, importable with its relative imports."""
+def load_at(ref: str, path: str, name: str, package: str, siblings: tuple[str, ...] = ()):
+    """The module at ``path`` as of git ``ref``, importable with its relative imports. The modules
+    named in ``siblings`` (same folder) are imported as they are at ``ref`` where they exist there,
+    so that the old module runs against the helpers it was written for."""
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{path}"], check=True, capture_output=True, text=True).stdout
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = package
     sys.modules[name] = module  # dataclasses look their module up
-    exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
+    saved = {}
+    for sibling in siblings:
+        sib_path = str(Path(path).parent / f"{sibling}.py")
+        exists = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}:{sib_path}"], capture_output=True)
+        if exists.returncode == 0:
+            full = f"{package}.{sibling}"
+            saved[full] = sys.modules.get(full)
+            sys.modules[full] = load_at(ref, sib_path, f"{name}_{sibling}", package)
+    try:
+        exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
+    finally:
+        for full, previous in saved.items():
+            if previous is None:
+                sys.modules.pop(full)
+            else:
+                sys.modules[full] = previous
     return module
 
 
@@ -42,9 +61,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ratio", type=float, default=0.15)
+    ap.add_argument("--old-clone", action="store_true", help="old side: the cache clone of refs before 9c02532")
     args = ap.parse_args()
     engine = BlendEngine.from_pretrained()
-    old_blend = load_at(args.ref, "core/cacheblend/blending/blend.py", "ab_old_blend", "cacheblend.blending")
+    blend_path = "core/cacheblend/blending/blend.py"
+    old_blend = load_at(args.ref, blend_path, "ab_old_blend", "cacheblend.blending", ("feed", "rope"))
     old_adapter = load_at(args.ref, "core/cacheblend/models/adapter.py", "ab_old_adapter", "cacheblend.models")
     sides = {
         "new": (engine.adapter, engine_mod.blend_prefill),
@@ -56,21 +77,34 @@ def main() -> None:
     times: dict[str, list[float]] = {"new": [], "old": [], "full": []}
     for ex in examples:
         req = dict(chunks=ex.passages, query=ex.question)
+        outputs = []
         for _ in range(args.repeats):
             for side, (adapter, blend) in sides.items():
                 engine.adapter, engine_mod.blend_prefill = adapter, blend
                 t = time.perf_counter()
                 pre = engine.prefill(**req, recompute_ratio=args.ratio)
-                if side == "old":  # the old Prefilled.cache(): a clone, then DynamicCache's copy
+                if side == "old" and args.old_clone:  # Prefilled.cache() before 9c02532: a clone, then a copy
                     adapter.make_cache([(k.clone(), v.clone()) for k, v in pre.output.kv])
                 else:
                     pre.cache()  # what a caller needs before the first token
                 times[side].append(time.perf_counter() - t)
+                if len(outputs) < 2:  # the first repeat's new and old outputs, compared below
+                    outputs.append(pre.output)
             engine.adapter, engine_mod.blend_prefill = sides["new"]
             times["full"].append(engine.prefill(**req, recompute_ratio=1.0).stats.ttft_s)
+        print(f"{len(ex.passages)} chunks: new vs old max |diff| {_max_diff(*outputs[:2]):.3g} (logits and KV)")
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"ratio {args.ratio}: new {med['new']:.3f}s, old ({args.ref}) {med['old']:.3f}s, new/old {med['new'] / med['old']:.3f}")
+    pairs = statistics.median(a / b for a, b in zip(times["new"], times["old"]))
+    print(f"ratio {args.ratio}: new {med['new']:.3f}s, old ({args.ref}) {med['old']:.3f}s, "
+          f"new/old {med['new'] / med['old']:.3f} (median of pairs {pairs:.3f})")
     print(f"speedup vs full prefill ({med['full']:.3f}s): new {med['full'] / med['new']:.2f}x, old {med['full'] / med['old']:.2f}x")
+
+
+def _max_diff(a, b) -> float:
+    """The largest absolute difference between two BlendOutputs' logits and per-layer K/V."""
+    diffs = [(a.logits - b.logits).abs().max()]
+    diffs += [(x - y).abs().max() for ka, kb in zip(a.kv, b.kv) for x, y in zip(ka, kb)]
+    return float(max(diffs))
 
 
 if __name__ == "__main__":

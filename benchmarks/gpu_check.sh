@@ -34,8 +34,9 @@ fi
 } >"$RESULTS" 2>&1
 
 if [ "$mode" = cuda ]; then
-    step "equivalence tests on CUDA" env CACHEBLEND_TEST_DEVICE=cuda timeout 240 "$PY" -m pytest -q -p no:cacheprovider \
-        tests/core/test_equivalence.py tests/core/test_rope.py tests/core/test_families.py
+    step "equivalence tests on CUDA" env CACHEBLEND_TEST_DEVICE=cuda timeout 240 "$PY" -m pytest -q \
+        -p no:cacheprovider tests/core/test_equivalence.py tests/core/test_rope.py tests/core/test_families.py \
+        tests/core/test_attention.py
     step "pydoc benchmark, bf16" timeout 300 "$PY" -m cacheblend.cli bench --device cuda --dtype bfloat16 \
         --prompts 4 --repeats 3 --out "$WORK/bench"
 else

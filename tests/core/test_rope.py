@@ -9,7 +9,7 @@ by the model's rotary tables at those positions: at every layer, not just the fi
 import pytest
 import torch
 
-from cacheblend.blending.rope import apply_rope, rotate_half
+from cacheblend.blending.rope import apply_rope, realign, rotate_half
 
 ROPES = {
     "default": None,
@@ -55,3 +55,17 @@ def test_rotate_half_and_rotation_preserve_norms():
     torch.testing.assert_close(apply_rope(x, cos, sin).norm(dim=-1), x.norm(dim=-1))
     # rotating by a then by -a is the identity
     torch.testing.assert_close(apply_rope(apply_rope(x, cos, sin), cos, -sin), x, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("store", [torch.float16, torch.bfloat16, torch.float32])
+def test_realign_is_the_cast_then_apply_rope_bit_for_bit(store):
+    """The blend realigns every cached layer in one fused pass (the cast inside the rotation);
+    in fp32 it must be exactly what casting and then ``apply_rope`` give, for any store dtype."""
+    gen = torch.Generator().manual_seed(0)
+    cached = torch.randn(2, 3, 37, 16, generator=gen).to(store)  # [2, Hkv, N, d]
+    angles = torch.rand(37, 8, generator=gen) * 300
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    out = realign(cached, cos, sin, torch.float32)
+    assert out.dtype == torch.float32 and out.data_ptr() != cached.data_ptr()
+    assert torch.equal(out[0], apply_rope(cached[0].float(), cos, sin))
+    assert torch.equal(out[1], cached[1].float())

@@ -7,9 +7,11 @@ For a prompt whose tokens are partly covered by cached chunk KV (keys stored bef
    the ``ratio`` share of reused tokens it scores highest (KV deviation, or the attention the
    question's rows pay them, computed here for the question rows only); every uncached token,
    and the last token (whose logits we need), stays active regardless.
-3. From there on only active rows are computed. Their fresh K/V overwrite the cached rows, all
-   other rows keep the cached K/V rotated to their final positions, and attention for the
-   active rows runs over the merged K/V with an exact causal mask by position.
+3. From there on only active rows are computed. Each layer's cache starts as the cached K/V
+   realigned to the final positions (keys rotated, cast to the compute dtype: what decoding
+   needs) and the fresh K/V of the active rows are written into it (at a check layer after the
+   selection, which compares them with the stored K/V); attention for the active rows runs
+   over it with an exact causal mask by position.
 
 With ratio 1.0 every token stays active and the result is a full prefill; with ratio 0.0 only
 uncached tokens are recomputed (full reuse).
@@ -21,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.adapter import ModelAdapter
+from ..models.adapter import ModelAdapter, RowPlan
 from .feed import LayerFeed
-from .rope import apply_rope
+from .rope import apply_rope, realign
 from .selection import Candidates, Selector
 
 
@@ -77,107 +79,145 @@ def blend_prefill(
     n = inp.ids.shape[0]
     pos = torch.arange(n, device=inp.ids.device)  # [N]
     cos, sin = model.rope(pos)  # [N, d]
-    active = pos  # [n] positions of the rows still computed, always sorted
-    num_reused = int(inp.reused.sum())
-    keep_always = ~inp.reused
-    keep_always[-1] = True  # the last token's logits start decoding
-    if inp.cached is None or num_reused == 0:
+    check = _Check.of(inp, selector)
+    if inp.cached is None or check.num_reused == 0:
         schedule = {}
     first_check = min(schedule, default=model.num_layers)
     feed = LayerFeed(inp.cached, inp.ids.device, first_check) if schedule else None  # copies start now
-    # The question: the uncached rows after the last reused token (at least the last row).
-    last_reused = int(inp.reused.nonzero().max()) if num_reused else -1
-    asking = pos > min(last_reused, n - 2)  # [N] bool
-
+    rows = _Rows.at(pos, cos, sin)
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     active_per_layer = []
     for layer in range(model.num_layers):
-        q, k, v = model.qkv(layer, h)  # q [1,H,n,d]; k, v [1,Hkv,n,d] before RoPE
-        q_rot = apply_rope(q, cos[active], sin[active])
-        k_rot = apply_rope(k, cos[active], sin[active])
+        x = model.attn_input(layer, h)  # [1, n, hidden]
+        k, v = model.kv(layer, x)  # [1,Hkv,n,d], k before RoPE
         if layer < first_check:
-            keys, values = k_rot, v  # full prefill: every row is fresh
+            keys, values = apply_rope(k, cos, sin), v  # [1,Hkv,N,d]: full prefill, every row fresh
         else:
-            cached, owned = feed.layer(layer, k.dtype)  # [2,Hkv,N,d]
-            keys = apply_rope(cached[0], cos, sin)[None]  # [1,Hkv,N,d] realigned to final positions
-            # [1,Hkv,N,d], written below. A check layer must keep the cached V intact: the
-            # selector compares it with the fresh V after the fresh rows are written here.
-            values = cached[1][None] if owned and layer not in schedule else cached[1][None].clone()
-            keys[:, :, active] = k_rot
-            values[:, :, active] = v
-        if layer in schedule:
-            budget = budget_for(schedule[layer], num_reused)
-            needs = bool(getattr(selector, "needs_query", False))
-            attention = _query_attention(model, q_rot[0], keys[0], active, asking) if needs else None
-            pick = _select(inp, cached, active, k[0], v[0], layer, selector, budget, keep_always, attention)
-            if not fresh_check:
-                _fall_back(keys, values, cached, active, pick, cos, sin)
-            active, h, q_rot = active[pick], h[:, pick], q_rot[:, :, pick]
-        attn = model.attend(layer, q_rot, keys, values, active, pos)  # [1, n, H*d]
-        h = model.finish(layer, h, attn)
+            cached = feed.layer(layer)  # [2,Hkv,N,d] store dtype, keys before RoPE; read-only
+            layer_kv = realign(cached, cos, sin, k.dtype)  # [2,Hkv,N,d]: this layer's decode cache
+            if layer in schedule:
+                here = _CheckLayer(model, layer, x, k, v, cached, layer_kv)
+                pick = check.pick(here, rows, budget_for(schedule[layer], check.num_reused))  # into active
+                if fresh_check:  # every active row has fresh K/V: all of them stay in the cache
+                    _write(layer_kv, k, v, rows)
+                rows, x, h = rows.take(pick, cos, sin), x[:, pick], h[:, pick]
+                k, v = k[:, :, pick], v[:, :, pick]
+            _write(layer_kv, k, v, rows)
+            keys, values = layer_kv[0][None], layer_kv[1][None]  # [1,Hkv,N,d]
+        q = apply_rope(model.q(layer, x), rows.cos, rows.sin)  # [1,H,n,d], only the rows kept
+        h = model.finish(layer, h, model.attend_rows(layer, q, keys, values, rows.plan))
         kv.append((keys, values))
-        active_per_layer.append(active.shape[0])
+        active_per_layer.append(rows.active.shape[0])
     logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
-    return BlendOutput(kv=kv, logits=logits, recomputed=active.shape[0], active_per_layer=active_per_layer)
+    return BlendOutput(kv=kv, logits=logits, recomputed=active_per_layer[-1], active_per_layer=active_per_layer)
 
 
-def _fall_back(keys, values, cached, active, pick, cos, sin) -> None:
-    """The rows of ``active`` not in ``pick`` take their cached K/V (in place) from this layer on.
+@dataclass
+class _Rows:
+    """The rows still computed: positions ``active`` [n] (sorted), their RoPE tables [n, d], and
+    the attention plan every layer uses until the next check layer."""
 
-    keys, values: [1,Hkv,N,d]; cached: [2,Hkv,N,d] (keys before RoPE); pick: indices into active."""
-    dropped = torch.ones_like(active, dtype=torch.bool)
-    dropped[pick] = False
-    gone = active[dropped]
-    keys[:, :, gone] = apply_rope(cached[0][:, gone], cos[gone], sin[gone])[None]
-    values[:, :, gone] = cached[1][None, :, gone]
+    active: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    plan: RowPlan
 
+    @classmethod
+    def at(cls, active: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> _Rows:
+        """cos, sin: the prompt's whole tables [N, d]."""
+        return cls(active, cos[active], sin[active], RowPlan(active, cos.shape[0]))
 
-def _query_attention(
-    model: ModelAdapter, q: torch.Tensor, keys: torch.Tensor, active: torch.Tensor, asking: torch.Tensor
-) -> torch.Tensor:
-    """The attention the question's rows pay every prompt row at this layer: [H, m, N] fp32.
-
-    q: [H, n, d] rotated queries of the active rows; keys: [Hkv, N, d] rotated keys (fresh where
-    active, cached elsewhere). Only the m question rows are scored (m*N per head, no N*N).
-    """
-    mine = asking[active]  # [n] bool
-    qa = q[:, mine].float()  # [H, m, d]
-    k = keys.float().repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # [H, N, d]
-    scores = qa @ k.transpose(1, 2) * model.scaling  # [H, m, N]
-    causal = torch.arange(keys.shape[1], device=q.device)[None, :] <= active[mine][:, None]  # [m, N]
-    return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    def take(self, pick: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> _Rows:
+        """The rows ``pick`` (indices into ``active``)."""
+        return _Rows.at(self.active[pick], cos, sin)
 
 
-def _select(
-    inp: BlendInput,
-    cached: torch.Tensor,
-    active: torch.Tensor,
-    fresh_k: torch.Tensor,
-    fresh_v: torch.Tensor,
-    layer: int,
-    selector: Selector,
-    budget: int,
-    keep_always: torch.Tensor,
-    attention: torch.Tensor | None,
-) -> torch.Tensor:
-    """Indices into ``active`` to keep: every always-kept row plus the selector's pick (sorted)."""
-    always = keep_always[active]  # [n] bool
-    cand = (~always).nonzero().squeeze(1)  # indices into active of reusable candidates
-    tokens = active[cand]
-    chosen = selector(
-        Candidates(
-            layer=layer,
-            fresh_k=fresh_k[:, cand],
-            fresh_v=fresh_v[:, cand],
-            cached_k=cached[0][:, tokens],
-            cached_v=cached[1][:, tokens],
-            positions=tokens,
-            chunk_offsets=inp.chunk_offsets[tokens],
-            query_attention=None if attention is None else attention[:, :, tokens],
-        ),
-        budget,
-    )
-    keep = always.clone()
-    keep[cand[chosen]] = True
-    return keep.nonzero().squeeze(1)
+def _write(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: _Rows) -> None:
+    """Fresh K (rotated here) and V [1,Hkv,n,d] of ``rows`` into the layer's cache [2,Hkv,N,d]."""
+    layer_kv[0].index_copy_(1, rows.active, apply_rope(k[0], rows.cos, rows.sin))
+    layer_kv[1].index_copy_(1, rows.active, v[0])
+
+
+def _indices(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """The indices of the ``count`` True entries of ``mask`` [n], in order: a stable sort puts them
+    first, and unlike ``nonzero()`` the result's size is known without a device -> host sync."""
+    return torch.sort((~mask).to(torch.uint8), stable=True).indices[:count]
+
+
+@dataclass
+class _CheckLayer:
+    """A check layer's tensors. x: [1,n,hidden] the normed input of the active rows; k, v:
+    [1,Hkv,n,d] their fresh K (before RoPE) and V; cached: [2,Hkv,N,d] the stored K (before RoPE)
+    and V; layer_kv: [2,Hkv,N,d] the cached K/V realigned, no fresh row written yet."""
+
+    model: ModelAdapter
+    layer: int
+    x: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cached: torch.Tensor
+    layer_kv: torch.Tensor
+
+
+@dataclass
+class _Check:
+    """What a check layer needs besides the layer's tensors. keep_always: [N] bool, the uncached
+    rows and the last row (whose logits start decoding), all ``num_always`` of them always active;
+    asking: [N] bool, the question (the uncached rows after the last reused token, at least the
+    last row)."""
+
+    inp: BlendInput
+    selector: Selector
+    num_reused: int
+    keep_always: torch.Tensor
+    num_always: int
+    asking: torch.Tensor
+
+    @classmethod
+    def of(cls, inp: BlendInput, selector: Selector) -> _Check:
+        n = inp.ids.shape[0]
+        keep_always = ~inp.reused  # [N]
+        keep_always[-1] = True
+        num_reused = int(inp.reused.sum())
+        last_reused = int(inp.reused.nonzero().max()) if num_reused else -1
+        asking = torch.arange(n, device=inp.ids.device) > min(last_reused, n - 2)  # [N]
+        return cls(inp, selector, num_reused, keep_always, int(keep_always.sum()), asking)
+
+    def pick(self, at: _CheckLayer, rows: _Rows, budget: int) -> torch.Tensor:
+        """Indices into ``rows.active`` to keep: every always-kept row plus the selector's pick
+        of ``budget`` candidates (sorted)."""
+        always = self.keep_always[rows.active]  # [n] bool
+        cand = _indices(~always, rows.active.shape[0] - self.num_always)  # into active: reusable rows
+        tokens = rows.active[cand]
+        needs = bool(getattr(self.selector, "needs_query", False))
+        chosen = self.selector(
+            Candidates(
+                layer=at.layer,
+                fresh_k=at.k[0][:, cand],
+                fresh_v=at.v[0][:, cand],
+                cached_k=at.cached[0][:, tokens].to(at.k.dtype),
+                cached_v=at.cached[1][:, tokens].to(at.v.dtype),
+                positions=tokens,
+                chunk_offsets=self.inp.chunk_offsets[tokens],
+                query_attention=self._query_attention(at, rows)[:, :, tokens] if needs else None,
+            ),
+            budget,
+        )
+        keep = always.clone()
+        keep[cand[chosen]] = True
+        return _indices(keep, self.num_always + chosen.shape[0])
+
+    def _query_attention(self, at: _CheckLayer, rows: _Rows) -> torch.Tensor:
+        """The attention the question's rows pay every prompt row at this layer: [H, m, N] fp32,
+        over the keys as they are before the selection (fresh where active, cached elsewhere).
+        Only the m question rows are scored (m*N per head, no N*N)."""
+        mine = self.asking[rows.active]  # [n] bool
+        q = at.model.q(at.layer, at.x[:, mine])  # [1, H, m, d] before RoPE
+        q = apply_rope(q, rows.cos[mine], rows.sin[mine])[0].float()  # [H, m, d]
+        keys = at.layer_kv[0].clone()  # [Hkv, N, d]
+        keys.index_copy_(1, rows.active, apply_rope(at.k[0], rows.cos, rows.sin))
+        keys = keys.float().repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # [H, N, d]
+        scores = q @ keys.transpose(1, 2) * at.model.scaling  # [H, m, N]
+        causal = torch.arange(keys.shape[1], device=q.device)[None, :] <= rows.active[mine][:, None]  # [m, N]
+        return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)

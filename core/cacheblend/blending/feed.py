@@ -4,7 +4,7 @@ Nothing cached is needed before the first check layer, so on CUDA the host -> de
 every layer are queued on a side stream when the prefill starts (from pinned host memory, see
 ``prompts/assemble.py``) and the compute stream waits, per layer, only for the copy of that
 layer: layer 0 starts before any KV has arrived and later copies overlap earlier layers.
-On CPU (or when the KV already lives on the device) a layer is just indexed and cast.
+On CPU (or when the KV already lives on the device) a layer is just indexed.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ class LayerFeed:
                     done.record(self.side)
                     self.copies[layer] = (dev, done)
 
-    def layer(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
-        """Layer ``layer``'s cached K/V [2, Hkv, N, d] on the device in ``dtype``, and whether the
-        tensor is a private copy (safe to write in place) rather than a view of ``cached``."""
+    def layer(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s cached K/V [2, Hkv, N, d] on the device, in the store's dtype; read-only
+        (it may be a view of ``cached``): ``rope.realign`` makes the layer's own copy."""
         if self.side is None:
-            out = self.cached[layer].to(self.device, dtype)
-            return out, out.data_ptr() != self.cached[layer].data_ptr()
+            return self.cached[layer].to(self.device)
         dev, done = self.copies.pop(layer)
         current = torch.cuda.current_stream(self.device)
         current.wait_event(done)  # no host sync: the compute stream waits on the device
         dev.record_stream(current)  # allocated on the side stream, used on this one
-        return dev.to(dtype), True
+        return dev

@@ -26,3 +26,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     The formula is the one transformers uses, so fp32 results match it bit for bit.
     """
     return (x * cos) + (rotate_half(x) * sin)
+
+
+def realign(cached: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Stored K/V to what attention and decoding use: a new [2, kv_heads, N, head_dim] in ``dtype``,
+    keys rotated to the positions of ``cos``/``sin`` [N, head_dim], values cast.
+
+    cached: [2, kv_heads, N, head_dim] keys before RoPE and values, in the store's dtype. The cast
+    happens inside the rotation (one pass per op, no full-size temporaries); in fp32 the keys are
+    bit-identical to ``apply_rope(cached[0].float(), cos, sin)``.
+    """
+    out = torch.empty(cached.shape, dtype=dtype, device=cached.device)  # [2, Hkv, N, d]
+    out[1].copy_(cached[1])
+    x, k = cached[0], out[0]  # [Hkv, N, d]
+    half = x.shape[-1] // 2
+    x1, x2, k1, k2 = x[..., :half], x[..., half:], k[..., :half], k[..., half:]
+    torch.mul(x1, cos[:, :half], out=k1)  # rotate_half(x) is (-x2, x1): the same products, exactly
+    torch.mul(x2, cos[:, half:], out=k2)
+    k1.sub_(x2 * sin[:, :half])
+    k2.add_(x1 * sin[:, half:])
+    return out

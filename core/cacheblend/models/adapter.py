@@ -33,6 +33,46 @@ class UnsupportedModelError(ValueError):
     """The model's architecture has no adapter."""
 
 
+class RowPlan:
+    """How a sorted subset of a prompt's rows attends, built once per check layer of a blend and
+    used by every layer until the next one.
+
+    The rows are split into ``_GROUPS`` contiguous groups (one below ``_GROUP_MIN_ROWS`` rows); a
+    group attends only to the keys up to its last row. Building the plan reads the groups' first
+    and last positions to the host, the one host sync of a check layer; each group's additive
+    mask is built on first use per (sliding window, dtype) and reused by the later layers.
+    """
+
+    def __init__(self, q_pos: torch.Tensor, num_keys: int) -> None:
+        self.q_pos = q_pos  # [n] sorted positions
+        n = q_pos.shape[0]
+        self.causal = n == num_keys  # every row: the causal kernel applies
+        splits = torch.tensor_split(torch.arange(n), _GROUPS if n >= _GROUP_MIN_ROWS else 1)  # host-side
+        bounds = [(int(c[0]), int(c[-1])) for c in splits if len(c)]  # first and last row of each group
+        first, last = q_pos[torch.tensor(bounds, device=q_pos.device).T].tolist()  # the one host read
+        self._rows = [(a, z + 1, p0, p1) for (a, z), p0, p1 in zip(bounds, first, last)]  # (a, b, pos of a, of b-1)
+        self._masks: dict[tuple[int | None, torch.dtype], list[torch.Tensor]] = {}
+
+    def groups(self, window: int | None) -> list[tuple[int, int, int, int]]:
+        """(a, b, lo, hi): rows [a, b) attend to keys [lo, hi) (key index == position)."""
+        return [(a, b, 0 if window is None else max(0, p0 - window + 1), p1 + 1) for a, b, p0, p1 in self._rows]
+
+    def masks(self, window: int | None, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Per group, the additive mask [1, 1, b-a, hi-lo]: 0 where a row sees a key, -inf elsewhere
+        (what SDPA makes of a boolean mask, made once)."""
+        if (window, dtype) not in self._masks:
+            masks = []
+            for a, b, lo, hi in self.groups(window):
+                q_pos, k_pos = self.q_pos[a:b, None], torch.arange(lo, hi, device=self.q_pos.device)[None]
+                seen = k_pos <= q_pos  # [b-a, hi-lo]
+                if window is not None:
+                    seen &= k_pos > q_pos - window
+                mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
+                masks.append(mask[None, None])
+            self._masks[(window, dtype)] = masks
+        return self._masks[(window, dtype)]
+
+
 class ModelAdapter:
     """Layer-loop pieces of a Llama-family causal LM (``LlamaForCausalLM`` and look-alikes)."""
 
@@ -49,7 +89,6 @@ class ModelAdapter:
         self.scaling = attn.scaling
         self.max_positions = int(self.config.max_position_embeddings)
         self._windows = [_layer_window(self.config, i) for i in range(self.num_layers)]
-        self._plan: tuple[torch.Tensor, list[tuple[int, int, int, int]]] | None = None  # see _groups
 
     @property
     def device(self) -> torch.device:
@@ -75,13 +114,25 @@ class ModelAdapter:
 
         Keys and queries are returned *before* RoPE (after q/k norm where the family has one).
         """
+        x = self.attn_input(layer, h)
+        return (self.q(layer, x), *self.kv(layer, x))
+
+    def attn_input(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """The input norm: h [B, n, hidden] -> x [B, n, hidden], what ``q`` and ``kv`` project.
+        Split from the projections so that a blend computes q only for the rows it keeps."""
+        return self.layers[layer].input_layernorm(h)
+
+    def q(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """x [B, n, hidden] (after ``attn_input``) -> q [B, H, n, d] before RoPE."""
         attn = self.layers[layer].self_attn
-        x = self.layers[layer].input_layernorm(h)
+        return self._norm_q(attn, attn.q_proj(x).view(*x.shape[:-1], -1, self.head_dim)).transpose(1, 2)
+
+    def kv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, n, hidden] (after ``attn_input``) -> k, v [B, Hkv, n, d], k before RoPE."""
+        attn = self.layers[layer].self_attn
         shape = (*x.shape[:-1], -1, self.head_dim)
-        q = self._norm_q(attn, attn.q_proj(x).view(shape)).transpose(1, 2)
         k = self._norm_k(attn, attn.k_proj(x).view(shape)).transpose(1, 2)
-        v = attn.v_proj(x).view(shape).transpose(1, 2)
-        return q, k, v
+        return k, attn.v_proj(x).view(shape).transpose(1, 2)
 
     def _norm_q(self, attn: Any, q: torch.Tensor) -> torch.Tensor:
         return q
@@ -107,33 +158,27 @@ class ModelAdapter:
         window = self._windows[layer]
         if key_valid is None and window is None and q.shape[2] == k.shape[2]:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
-        elif key_valid is not None or q.shape[2] < _GROUP_MIN_ROWS:
-            out = self._masked(q, k, v, q_pos, k_pos, window, key_valid)
         else:
-            # Selected rows are sorted by position: in groups, each attends only to the keys up
-            # to its last row (and from its first row's window), skipping most masked-out work.
-            parts = []
-            for a, b, p0, p1 in self._groups(q_pos):
-                lo = 0 if window is None else max(0, p0 - window + 1)
-                keys = slice(lo, p1 + 1)  # k_pos is arange(N): key index == position
-                rows = slice(a, b)
-                parts.append(self._masked(q[:, :, rows], k[:, :, keys], v[:, :, keys], q_pos[rows], k_pos[keys], window, None))
-            out = torch.cat(parts, dim=2)
+            out = self._masked(q, k, v, q_pos, k_pos, window, key_valid)
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
-    def _groups(self, q_pos: torch.Tensor) -> list[tuple[int, int, int, int]]:
-        """Row groups (a, b, first position, last position): group g is rows [a, b), contiguous
-        slices (no gather). The positions need one host read; the blend passes the same ``q_pos``
-        tensor to every layer between two check layers, so the plan is kept for that tensor and
-        the layers after a check layer run without any host sync."""
-        plan = self._plan
-        if plan is None or plan[0] is not q_pos:
-            cuts = [len(c) for c in torch.tensor_split(torch.arange(q_pos.shape[0]), _GROUPS)]  # host-side
-            starts = [sum(cuts[:g]) for g in range(_GROUPS)]
-            ends = [a + c for a, c in zip(starts, cuts)]
-            first, last = q_pos[torch.tensor([starts, [e - 1 for e in ends]], device=q_pos.device)].tolist()
-            plan = self._plan = (q_pos, list(zip(starts, ends, first, last)))  # holds q_pos: its id stays unique
-        return plan[1]
+    def attend_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: RowPlan) -> torch.Tensor:
+        """Attention of the rows of ``plan`` (sorted positions) over a whole prompt's keys.
+
+        q [1,H,n,d] (rotated) at plan.q_pos; k, v [1,Hkv,N,d] at positions 0..N-1. Each group of
+        rows attends only to the keys up to its last row (most masked-out work skipped), with the
+        masks the plan built once. Returns [1, n, H*d]."""
+        window = self._windows[layer]
+        if plan.causal and window is None:
+            return self.attend(layer, q, k, v, plan.q_pos, plan.q_pos)
+        parts = []
+        for (a, b, lo, hi), mask in zip(plan.groups(window), plan.masks(window, q.dtype)):
+            rows, keys = slice(a, b), slice(lo, hi)  # contiguous slices, no gather
+            out = F.scaled_dot_product_attention(
+                q[:, :, rows], k[:, :, keys], v[:, :, keys], attn_mask=mask, scale=self.scaling, enable_gqa=True
+            )  # [1, H, b-a, d]
+            parts.append(out.transpose(1, 2))  # [1, b-a, H, d]
+        return torch.cat(parts, dim=1).reshape(q.shape[0], q.shape[2], -1)
 
     def _masked(self, q, k, v, q_pos, k_pos, window, key_valid) -> torch.Tensor:
         mask = k_pos[None, :] <= q_pos[:, None]  # [n, N]
