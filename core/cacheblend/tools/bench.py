@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -75,12 +75,21 @@ def compute_floor(num_layers: int, full_layers: int, share: float) -> float:
     return num_layers / (full_layers + (num_layers - full_layers) * share)
 
 
-def methods(engine: BlendEngine, ratios: tuple[float, ...]) -> dict[str, BlendConfig | None]:
-    """Method name -> config (None for the two non-blending baselines)."""
-    out: dict[str, BlendConfig | None] = {"full prefill": None, "prefix caching": None}
-    out["full reuse"] = BlendConfig(ratios=(0.0,), chunk_context=engine.config.chunk_context)
+def methods(engine: BlendEngine, ratios: tuple[float, ...], baseline: BlendEngine | None = None) -> dict[str, tuple]:
+    """Method name -> (config, engine): config None for the two non-blending baselines.
+
+    ``baseline``: an engine of the same model whose chunks are warmed alone; when ``engine``
+    warms behind neighbours, CacheBlend itself (deviation, chunks alone) and EPIC's chunk-start
+    selection run on it at 15%, so the table shows what neighbour-aware warming adds.
+    """
+    out: dict[str, tuple] = {"full prefill": (None, engine), "prefix caching": (None, engine)}
+    out["full reuse"] = (replace(engine.config, ratios=(0.0,), check_layers=(1,)), engine)
     for r in ratios:
-        out[f"cacheblend {round(r * 100)}%"] = engine.config.with_ratio(r)
+        out[f"cacheblend {round(r * 100)}%"] = (engine.config.with_ratio(r), engine)
+    if baseline is not None:
+        alone = replace(engine.config.with_ratio(0.15), neighbours=0)
+        out["CacheBlend 15% (chunks warmed alone)"] = (alone, baseline)
+        out["EPIC chunk start 15% (alone)"] = (replace(alone, selector="chunk_start"), baseline)
     return out
 
 
@@ -118,13 +127,14 @@ def run(
     ratios: tuple[float, ...] = (0.05, 0.15, 0.30),
     repeats: int = 3,
     answer_tokens: int = 32,
+    baseline: BlendEngine | None = None,
     log=print,
 ) -> list[dict]:
     """Runs every method on every example; returns one summary row per method."""
-    table = methods(engine, ratios)
-    results = {name: MethodResult(name, None if cfg is None else cfg.recompute_ratio) for name, cfg in table.items()}
+    table = methods(engine, ratios, baseline)
+    results = {name: MethodResult(name, None if cfg is None else cfg.recompute_ratio) for name, (cfg, _) in table.items()}
     results["full prefill"].ratio = 1.0
-    for name, cfg in table.items():
+    for name, (cfg, _) in table.items():
         results[name].full_layers = engine.adapter.num_layers if cfg is None else min(cfg.schedule())
     results["prefix caching"].full_layers = 0
     first = examples[0]
@@ -135,7 +145,7 @@ def run(
         full = _timed(lambda: engine.prefill(**req, recompute_ratio=1.0), repeats, results["full prefill"], None)
         reference = engine.generate_from(full, max_new_tokens=answer_tokens)
         ids = full.ids.tolist()
-        for name, cfg in table.items():
+        for name, (cfg, eng) in table.items():
             res = results[name]
             if name == "full prefill":
                 pre, answer = full, reference
@@ -143,7 +153,7 @@ def run(
                 pre = _timed(lambda: prefix.prefill(ids), repeats, res, None)
                 answer = engine.generate_from(pre, max_new_tokens=answer_tokens)
             else:
-                pre = _timed(lambda: engine.prefill(**req, config=cfg), repeats, res, engine)
+                pre = _timed(lambda: eng.prefill(**req, config=cfg), repeats, res, eng)
                 answer = engine.generate_from(pre, max_new_tokens=answer_tokens)
             res.kl.append(answer_kl(full, pre, reference.token_ids) if pre is not full else 0.0)
             res.f1_full.append(token_f1(answer.text, reference.text))
@@ -215,10 +225,15 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax1.plot(xs, [r["ttft_s"] for r in blend], "o-", label="cacheblend (full reuse at left)")
     for r, style in ((_row(rows, "full prefill"), "r--"), (_row(rows, "prefix caching"), "k:")):
         ax1.axhline(r["ttft_s"], linestyle=style[1:], color=style[0], label=r["method"])
+    others = [r for r in rows if r not in blend and r["method"] not in ("full prefill", "prefix caching")]
+    for r in others:  # the baselines of another warming (CacheBlend alone, EPIC): single points
+        ax1.plot(100 * r["recomputed_share"], r["ttft_s"], "^", label=r["method"])
     ax1.set(xlabel="tokens recomputed (% of prompt)", ylabel="median TTFT (s)", title="Time to first token")
     ax1.set_ylim(bottom=0)
     ax1.legend()
     ax2.plot(xs, [r["kl"] for r in blend], "o-", label="KL vs full prefill")
+    for r in others:
+        ax2.plot(100 * r["recomputed_share"], r["kl"], "^", label=f"KL, {r['method']}")
     ax2.set(xlabel="tokens recomputed (% of prompt)", ylabel="mean KL", title="Quality")
     ax3 = ax2.twinx()
     ax3.plot(xs, [r["f1_vs_full"] for r in blend], "s--", color="tab:green", label="answer F1 vs full")
