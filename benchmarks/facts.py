@@ -25,18 +25,19 @@ from cacheblend.tools.quality import answer_kl  # noqa: E402
 ORDER = (5, 11, 0, 17, 3, 8)
 OTHER_ORDER = (8, 3, 17, 0, 11, 5)
 PREFIX = "Answer briefly from the passages."
+ALONE = dict(neighbours=0)  # CacheBlend's warming: each chunk computed alone
 SETTINGS = {
-    "cacheblend 15% (default)": BlendConfig(),
-    "cacheblend 30%": BlendConfig(ratios=(0.3,)),
-    "deviation 15%, check layer 2": BlendConfig(check_layers=(2,)),
-    "random 15%": BlendConfig(selector="random"),
-    "chunk start 15%": BlendConfig(selector="chunk_start"),
-    "full reuse": BlendConfig(ratios=(0.0,)),
-    "context=none, 15%": BlendConfig(chunk_context="none"),
-    "context=bos, 15%": BlendConfig(chunk_context="bos"),
-    "neighbours 1, 15%": BlendConfig(neighbours=1),
+    "default (15%, chunks warmed behind 1 neighbour)": BlendConfig(),
     "neighbours 2, 15%": BlendConfig(neighbours=2),
-    "neighbours 2, full reuse": BlendConfig(ratios=(0.0,), neighbours=2),
+    "neighbours 1, full reuse": BlendConfig(ratios=(0.0,), neighbours=1),
+    "CacheBlend 15% (deviation, chunks alone)": BlendConfig(**ALONE),
+    "CacheBlend 30% (chunks alone)": BlendConfig(ratios=(0.3,), **ALONE),
+    "deviation 15%, check layer 2 (alone)": BlendConfig(check_layers=(2,), **ALONE),
+    "random 15% (alone)": BlendConfig(selector="random", **ALONE),
+    "EPIC chunk start 15% (alone)": BlendConfig(selector="chunk_start", **ALONE),
+    "full reuse (alone)": BlendConfig(ratios=(0.0,), **ALONE),
+    "context=none, 15% (alone)": BlendConfig(chunk_context="none", **ALONE),
+    "context=bos, 15% (alone)": BlendConfig(chunk_context="bos", **ALONE),
 }
 
 
@@ -46,7 +47,7 @@ def warming(cfg: BlendConfig) -> tuple[str, int]:
 
 
 def main() -> None:
-    base = shared_engine()
+    base = BlendEngine(shared_engine().adapter.model, shared_engine().tokenizer, config=BlendConfig(**ALONE))
     texts = [passage(i) for i in range(len(FACTS))]
     engines: dict[tuple[str, int], BlendEngine] = {}
     for cfg in SETTINGS.values():

@@ -35,29 +35,29 @@ from cacheblend.blending.selection import (
 PREFIX = "Answer briefly from the passages."
 DEV = DeviationSelector("v")
 STOP = [".", "\n"]
-C = BlendConfig()
+C = BlendConfig(neighbours=0)  # the methods without a "nbK" prefix warm chunks alone
 # name -> (config: schedule, ratio, fresh_check; selector: overrides config.selector when given)
 METHODS = {
-    "reuse": (BlendConfig(ratios=(0.0,)), None),
+    "reuse": (BlendConfig(ratios=(0.0,), neighbours=0), None),
     "deviation": (C, None),
-    "deviation 30%": (BlendConfig(ratios=(0.3,)), None),
+    "deviation 30%": (BlendConfig(ratios=(0.3,), neighbours=0), None),
     "random": (C, RandomSelector(0)),
     "chunk_start": (C, ChunkStartSelector()),
-    "deviation+fresh": (BlendConfig(fresh_check=True), None),
+    "deviation+fresh": (BlendConfig(fresh_check=True, neighbours=0), None),
     "deviation+sinks2": (C, SinkSelector(DEV, 2)),
     "deviation+sinks4": (C, SinkSelector(DEV, 4)),
     "query mean": (C, QuerySelector("mean")),
     "query max": (C, QuerySelector("max")),
-    "query mean L2": (BlendConfig(check_layers=(2,)), QuerySelector("mean")),
-    "query mean L4": (BlendConfig(check_layers=(4,)), QuerySelector("mean")),
+    "query mean L2": (BlendConfig(check_layers=(2,), neighbours=0), QuerySelector("mean")),
+    "query mean L4": (BlendConfig(check_layers=(4,), neighbours=0), QuerySelector("mean")),
     "q+d 0.5": (C, CombinedSelector(0.5)),
     "q+d 0.3": (C, CombinedSelector(0.3)),
     "q+d 0.7": (C, CombinedSelector(0.7)),
     "q+d 0.5 max": (C, CombinedSelector(0.5, heads="max")),
-    "deviation L2": (BlendConfig(check_layers=(2,)), None),
-    "gradual 1+4": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), None),
-    "gradual 1+4 q+d": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15)), CombinedSelector(0.5)),
-    "deviation 5%": (BlendConfig(ratios=(0.05,)), None),
+    "deviation L2": (BlendConfig(check_layers=(2,), neighbours=0), None),
+    "gradual 1+4": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15), neighbours=0), None),
+    "gradual 1+4 q+d": (BlendConfig(check_layers=(1, 4), ratios=(0.3, 0.15), neighbours=0), CombinedSelector(0.5)),
+    "deviation 5%": (BlendConfig(ratios=(0.05,), neighbours=0), None),
 }
 # neighbour-aware warming: chunks computed behind their K most similar passages of the pool
 for _k in (1, 2, 4):
@@ -81,7 +81,7 @@ def examples(dataset: str, split: str, count: int, engine) -> list:
 
 
 def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print) -> dict[str, dict]:
-    engine = shared_engine()
+    engine = BlendEngine(shared_engine().adapter.model, shared_engine().tokenizer, config=C)  # chunks alone
     qs = examples(dataset, split, count, engine)
     pool = sorted({p for q in qs for p in q.passages})
     engines = {0: engine}

@@ -34,8 +34,10 @@ class BlendConfig:
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
             template's system header). It is part of every chunk key.
         neighbours: how many similar passages each chunk is warmed behind (after the chunk context),
-            0 for none. Chunks computed behind passages like them blend closer to full prefill
-            (``cacheblend.neighbours``). Part of the fingerprint: KV warmed behind neighbours never
+            0 for none (CacheBlend's own warming). Chunks computed behind a passage like them blend
+            much closer to full prefill (``cacheblend.neighbours``; 1 was chosen on the development
+            fact set, where 2 was no better and 4 worse, and confirmed on the reporting splits:
+            docs/TUNING.md); warming costs about twice as long. Part of the fingerprint: KV warmed behind neighbours never
             mixes with KV warmed alone, and is reused wherever the chunk lands, whatever it is
             retrieved with (its K is stored before RoPE, like any chunk's).
         kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and
@@ -54,7 +56,7 @@ class BlendConfig:
     selector: str = "deviation"
     measure: str = "v"
     chunk_context: str = "system"
-    neighbours: int = 0
+    neighbours: int = 1
     kv_dtype: str = "float16"
     seed: int = 0
     query_weight: float = 0.5

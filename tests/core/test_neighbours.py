@@ -144,28 +144,30 @@ def test_a_chunk_warmed_behind_neighbours_is_reused_wherever_it_lands(make_engin
         torch.testing.assert_close(pre.output.logits, logits, atol=1e-4, rtol=1e-4)
 
 
-def test_real_model_neighbour_warming_blends_closer_to_full_prefill(real_engine):
-    """On development fact questions, chunks warmed behind 2 similar passages blend (15%, deviation)
-    closer to full prefill than chunks warmed alone, which beat full reuse: mean KL over the answers."""
+def test_real_model_default_warming_blends_closer_to_full_prefill(real_engine):
+    """The default (chunks warmed behind a neighbour, deviation 15%) is closer to full prefill than
+    CacheBlend (chunks warmed alone, deviation 15%), itself closer than full reuse: mean KL over
+    the full-prefill answers of development fact questions."""
     from cacheblend.tools.factset import questions
     from cacheblend.tools.quality import answer_kl
 
-    qs = questions("dev", 4)
-    pool = sorted({p for q in questions("dev", 12) for p in q.passages})
-    nb = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(neighbours=2))
-    nb.warm(pool)
+    assert BlendConfig().neighbours >= 1 and real_engine.neighbours == BlendConfig().neighbours
+    qs = questions("dev", 16)  # per question the gain varies a lot; over 60 it is 0.121 vs 0.197
+    pool = sorted({p for q in questions("dev", 60) for p in q.passages})  # the split's 40 passages
+    alone = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(neighbours=0))
+    alone.warm(pool)
     real_engine.warm(pool)
-    kl = {"reuse": [], "alone": [], "neighbours": []}
+    kl = {"reuse": [], "alone": [], "default": []}
     for q in qs:
         req = dict(chunks=q.passages, query=q.question, prefix="Answer briefly from the passages.")
         full = real_engine.prefill(**req, recompute_ratio=1.0)
-        ref = real_engine.generate_from(full, max_new_tokens=12)
+        ref = real_engine.generate_from(full, max_new_tokens=16)
         for name, pre in (
-            ("reuse", real_engine.prefill(**req, recompute_ratio=0.0)),
-            ("alone", real_engine.prefill(**req)),
-            ("neighbours", nb.prefill(**req)),
+            ("reuse", alone.prefill(**req, recompute_ratio=0.0)),
+            ("alone", alone.prefill(**req)),
+            ("default", real_engine.prefill(**req)),
         ):
             assert pre.stats.chunk_hits == len(q.passages)
             kl[name].append(answer_kl(full, pre, ref.token_ids))
     mean = {k: sum(v) / len(v) for k, v in kl.items()}
-    assert mean["neighbours"] < 0.8 * mean["alone"] < 0.8 * mean["reuse"], mean
+    assert mean["default"] < 0.85 * mean["alone"] < 0.85 * mean["reuse"], mean

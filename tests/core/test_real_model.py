@@ -61,25 +61,38 @@ def test_deviation_selection_beats_full_reuse_and_random(real_engine, pydoc_chun
     assert mean_agree["deviation"] >= mean_agree["random"], mean_agree
 
 
-def test_fact_lookups_keep_most_answers_full_prefill_gets_right(real_engine):
+@pytest.fixture(scope="module")
+def alone_engine(real_engine):
+    """The bundled model with CacheBlend's own warming: every chunk computed alone."""
+    from cacheblend import BlendEngine
+
+    return BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(neighbours=0))
+
+
+def test_fact_lookups_keep_most_answers_full_prefill_gets_right(real_engine, alone_engine):
+    """The default (15%, chunks warmed behind a neighbour) keeps at least as many of the answers
+    full prefill gets right as CacheBlend (chunks warmed alone) and more than full reuse."""
     texts = [passage(i) for i in range(len(FACTS))]
     real_engine.warm(texts)
+    alone_engine.warm(texts)
     n = len(FACTS)
-    full_ok, blend_ok, reuse_ok = [], [], []
+    full_ok, kept = [], {"default": [], "alone": [], "alone reuse": []}
     for i in range(n):
         q, answers = question(i)
         req = dict(chunks=[texts[(i + k) % n] for k in (5, 11, 0, 17, 3, 8)], query=q,
                    prefix="Answer briefly from the passages.", max_new_tokens=24)
         full_ok.append(correct(real_engine.generate(**req, recompute_ratio=1.0).text, answers))
         if full_ok[-1]:
-            blend_ok.append(correct(real_engine.generate(**req).text, answers))
-            reuse_ok.append(correct(real_engine.generate(**req, recompute_ratio=0.0).text, answers))
+            kept["default"].append(correct(real_engine.generate(**req).text, answers))
+            kept["alone"].append(correct(alone_engine.generate(**req).text, answers))
+            kept["alone reuse"].append(correct(alone_engine.generate(**req, recompute_ratio=0.0).text, answers))
     assert sum(full_ok) >= n // 2, "the bundled model should answer most of these with full prefill"
-    kept, kept_reuse = statistics.mean(blend_ok), statistics.mean(reuse_ok)
-    # Measured: 10 of 17 kept at 15% (6 with full reuse); reordering the passages under full
-    # prefill keeps 12-14 of 17. See docs/TUNING.md.
-    assert kept >= 0.5, (kept, kept_reuse)
-    assert kept > kept_reuse, (kept, kept_reuse)
+    share = {k: statistics.mean(v) for k, v in kept.items()}
+    # Measured (benchmarks/facts.py): 16 right with full prefill; kept 10 with neighbour-aware
+    # warming, 8 with chunks alone, 6 with full reuse; reordering the passages under full
+    # prefill keeps 10. See docs/TUNING.md.
+    assert share["default"] >= 0.55, share
+    assert share["default"] >= share["alone"] > share["alone reuse"], share
 
 
 def test_prompt_path_finds_chunks_in_a_foreign_template(real_engine, pydoc_chunks):
@@ -106,28 +119,31 @@ def test_blended_ttft_is_lower_than_full_prefill_on_a_long_prompt(real_engine, p
     assert blend < full
 
 
-def test_fp16_store_matches_fp32_store_closely(real_engine, pydoc_chunks):
-    """The default fp16 KV on disk costs almost nothing in quality against fp32 KV."""
+def test_fp16_store_matches_fp32_store_closely(real_engine, alone_engine, pydoc_chunks):
+    """The default fp16 KV on disk costs almost nothing in quality against fp32 KV (both warmed
+    alone, so the same computation differs only in the stored dtype)."""
     from cacheblend import BlendEngine
 
-    fp32 = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(kv_dtype="float32"))
+    fp32 = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(kv_dtype="float32", neighbours=0))
     fp32.warm(pydoc_chunks[:2])
+    alone_engine.warm(pydoc_chunks[:2])
     req = dict(chunks=pydoc_chunks[:2], query="What is this about?", recompute_ratio=0.0)
-    a = real_engine.prefill(**req).output.logits
+    a = alone_engine.prefill(**req).output.logits
     b = fp32.prefill(**req).output.logits
     kl = torch.nn.functional.kl_div(a.log_softmax(-1), b.log_softmax(-1), log_target=True, reduction="sum")
     assert float(kl) < 1e-3
 
 
-def test_default_deviation_beats_query_attention_and_full_reuse_on_generated_facts(real_engine):
-    """At the same 15% budget on generated fact questions (dev split), the default (deviation)
-    selector is closer to full prefill than query-attention selection, itself closer than full
-    reuse. Measured on 30 dev questions: KL 0.179 / 0.230 / 0.331 (docs/TUNING.md)."""
+def test_default_deviation_beats_query_attention_and_full_reuse_on_generated_facts(alone_engine):
+    """At the same 15% budget on generated fact questions (dev split), with chunks warmed alone, the
+    default selector (deviation) is closer to full prefill than query-attention selection, itself
+    closer than full reuse. Measured on 30 dev questions: KL 0.179 / 0.230 / 0.331 (docs/TUNING.md)."""
     from cacheblend.tools.factset import questions
 
+    real_engine = alone_engine
     qs = questions("dev", 6)
     real_engine.warm(sorted({p for q in qs for p in q.passages}))
-    configs = {"default": BlendConfig(), "query": BlendConfig(selector="query"), "reuse": BlendConfig(ratios=(0.0,))}
+    configs = {"default": BlendConfig(neighbours=0), "query": BlendConfig(selector="query"), "reuse": BlendConfig(ratios=(0.0,))}
     assert configs["default"].selector == "deviation"
     kl = {name: [] for name in configs}
     for q in qs:
