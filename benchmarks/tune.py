@@ -64,7 +64,7 @@ def main() -> None:
 
     engines = {}
     for context in ("none", "bos", "system"):
-        engines[context] = BlendEngine(model, tok, config=BlendConfig(chunk_context=context))
+        engines[context] = BlendEngine(model, tok, config=BlendConfig(chunk_context=context, neighbours=0))
         engines[context].warm(texts)
     engine = engines["system"]
     settings = {}
