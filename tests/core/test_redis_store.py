@@ -111,7 +111,7 @@ sys.path.insert(0, {tests!r})
 from tiny_models import tiny_model
 from transformers import AutoTokenizer
 from cacheblend import BlendConfig, BlendEngine
-engine = BlendEngine(tiny_model("llama"), AutoTokenizer.from_pretrained({tok!r}), config=BlendConfig(kv_dtype="float32"))
+engine = BlendEngine(tiny_model("llama"), AutoTokenizer.from_pretrained({tok!r}), config=BlendConfig(kv_dtype="float32", neighbours=0))
 engine.warm({texts!r}, store_dir={url!r})
 """
 
