@@ -81,12 +81,14 @@ def examples(dataset: str, split: str, count: int, engine) -> list:
 
 
 def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print) -> dict[str, dict]:
-    engine = BlendEngine(shared_engine().adapter.model, shared_engine().tokenizer, config=C)  # chunks alone
+    model, tok = shared_engine().adapter.model, shared_engine().tokenizer
+    room = 8 << 30  # every chunk of a large pool stays in memory (MuSiQue's 30 prompts hold ~2.2 GB of fp16 KV)
+    engine = BlendEngine(model, tok, config=C, memory_bytes=room)  # chunks alone
     qs = examples(dataset, split, count, engine)
     pool = sorted({p for q in qs for p in q.passages})
     engines = {0: engine}
     for k in sorted({METHODS[n][0].neighbours for n in names} - {0}):
-        engines[k] = BlendEngine(engine.adapter.model, engine.tokenizer, config=BlendConfig(neighbours=k))
+        engines[k] = BlendEngine(model, tok, config=BlendConfig(neighbours=k), memory_bytes=room)
     for k, eng in engines.items():
         started = time.time()
         eng.warm(pool, progress=False)
