@@ -21,10 +21,12 @@ def family(name: str) -> tuple[str, float]:
     """(curve label, recompute ratio) of a select_eval method name."""
     m = re.fullmatch(r"(nb\d+ )?(deviation|reuse)(?: (\d+)%)?", name)
     if m:
-        warm = f"warmed behind {m.group(1).strip()[2:]} neighbours" if m.group(1) else "warmed alone"
+        k = m.group(1).strip()[2:] if m.group(1) else "0"
+        warm = "warmed alone (CacheBlend)" if k == "0" else f"warmed behind {k} neighbour{'s' * (k != '1')}"
         ratio = 0.0 if m.group(2) == "reuse" else int(m.group(3) or 15) / 100
         return f"deviation, {warm}", ratio
-    return name, 0.15
+    names = {"chunk_start": "chunk start, warmed alone (EPIC)", "random": "random, warmed alone"}
+    return names.get(name, name), 0.15
 
 
 def main() -> None:
