@@ -84,6 +84,7 @@ class BlendEngine:
         self.stores = StoreChain(MemoryStore(memory_bytes))
         self.finder = ChunkFinder()
         self.neighbour_index = NeighbourIndex()  # filled by warm() when neighbours > 0
+        self.tokens_warmed = 0  # tokens computed by warm() so far, contexts and neighbours included
         self.eos_ids = eos_ids(model, tokenizer)
         self._lock = threading.RLock()
 

@@ -131,6 +131,7 @@ def _encode(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[s
     """Each chunk's KV, [layers, 2, kv_heads, T_padded, head_dim] per chunk: one padded batch
     behind the shared chunk context, or one chunk at a time behind its own neighbours."""
     contexts = _contexts(engine, batch, given)
+    engine.tokens_warmed += sum(len(ctx) + len(c.ids) for ctx, c in zip(contexts, batch))
     if not engine.neighbours:
         return list(encode_padded(engine.adapter, contexts[0], [c.ids for c in batch]))
     return [encode_padded(engine.adapter, ctx, [c.ids])[0] for ctx, c in zip(contexts, batch)]

@@ -166,18 +166,20 @@ def run(
 
 
 def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict]) -> dict:
-    """Warming chunk tokens/s (``engine.warm`` of the first prompt's passages in a memory-only
-    engine on the same model and config, batch 8) against full-prefill tokens/s (the median
-    full-prefill TTFT over the first prompt's length). With ``neighbours`` > 0 each chunk is
-    computed behind its neighbours, so more tokens are computed than the chunk rate counts."""
+    """Warming rates (``engine.warm`` of the first prompt's passages in a memory-only engine on the
+    same model and config, batch 8) against full-prefill tokens/s (the median full-prefill TTFT
+    over the first prompt's length): chunk tokens/s, and computed tokens/s (each chunk's context
+    and, with ``neighbours`` > 0, its neighbours' tokens included: the compute efficiency)."""
     scratch = BlendEngine(engine.adapter.model, engine.tokenizer, config=engine.config)
     passages = examples[0].passages
     started = time.perf_counter()
     scratch.warm(passages, progress=False)
-    warm = sum(len(scratch.encode_chunk(p).ids) for p in passages) / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    warm = sum(len(scratch.encode_chunk(p).ids) for p in passages) / elapsed
     n = len(engine.token_ids(chunks=passages, query=examples[0].question, prefix=QA_PREFIX))
     full = n / _row(rows, "full prefill")["ttft_s"]
-    return {"warming_tokens_per_s": warm, "full_prefill_tokens_per_s": full, "neighbours": engine.neighbours}
+    return {"warming_tokens_per_s": warm, "warming_computed_tokens_per_s": scratch.tokens_warmed / elapsed,
+            "full_prefill_tokens_per_s": full, "neighbours": engine.neighbours}
 
 
 def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) -> Prefilled:
