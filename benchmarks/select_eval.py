@@ -81,7 +81,8 @@ def examples(dataset: str, split: str, count: int, engine) -> list:
 
 
 def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print) -> dict[str, dict]:
-    model, tok = shared_engine().adapter.model, shared_engine().tokenizer
+    shared = shared_engine()
+    model, tok = shared.adapter.model, shared.tokenizer
     room = 8 << 30  # every chunk of a large pool stays in memory (MuSiQue's 30 prompts hold ~2.2 GB of fp16 KV)
     engine = BlendEngine(model, tok, config=C, memory_bytes=room)  # chunks alone
     qs = examples(dataset, split, count, engine)

@@ -46,6 +46,11 @@ class NeighbourIndex:
     def __contains__(self, text: str) -> bool:
         return text in self._row
 
+    def ids(self, text: str) -> list[int] | None:
+        """The token ids ``text`` was added with (None if it was not)."""
+        row = self._row.get(text)
+        return None if row is None else self._ids[row]
+
     def add(self, texts: Sequence[str], ids: Sequence[Sequence[int]]) -> None:
         """Adds chunks (text and token ids); a text already present is kept once."""
         for text, tok in zip(texts, ids, strict=True):
@@ -102,7 +107,7 @@ def _tfidf(ids: Sequence[Sequence[int]], idf: torch.Tensor) -> torch.Tensor:
             vals.append(w / norm)
     index = torch.tensor([rows, cols], dtype=torch.long).reshape(2, -1)
     shape = (len(ids), len(idf))
-    return torch.sparse_coo_tensor(index, torch.tensor(vals), shape, check_invariants=True).coalesce()
+    return torch.sparse_coo_tensor(index, torch.tensor(vals), shape, check_invariants=False).coalesce()
 
 
 def behind(context_ids: Sequence[int], neighbour_ids: Sequence[Sequence[int]], chunk_len: int, room: int) -> list[int]:

@@ -65,7 +65,8 @@ def given_neighbours(
             continue
         if isinstance(near, str) or not all(isinstance(t, str) for t in near):
             raise ValueError(f"each entry of neighbours must be a list of texts, got {near!r:.80}")
-        out[chunk.text] = [t.strip() for t in near if t.strip() and t.strip() != chunk.text][:k]
+        texts = (t.strip() for t in near)
+        out[chunk.text] = [t for t in texts if t and t != chunk.text][:k]
     return out
 
 
@@ -118,11 +119,13 @@ def _contexts(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list
     k = engine.neighbours
     if not k:
         return [list(engine.context_ids)] * len(batch)
-    found = engine.neighbour_index.nearest([c.ids for c in batch], k, exclude=[c.text for c in batch])
+    index = engine.neighbour_index
+    ask = [c for c in batch if c.text not in given]
+    found = dict(zip((c.text for c in ask), index.nearest([c.ids for c in ask], k, exclude=[c.text for c in ask])))
     out = []
-    for chunk, near in zip(batch, found):
-        texts = given.get(chunk.text, near)
-        ids = [engine.encode_chunk(t).ids for t in texts]
+    for chunk in batch:
+        texts = given[chunk.text] if chunk.text in given else found[chunk.text]
+        ids = [index.ids(t) or engine.encode_chunk(t).ids for t in texts]  # given texts may be unindexed
         out.append(behind(engine.context_ids, ids, len(chunk.ids), engine.context_window))
     return out
 
