@@ -11,7 +11,9 @@ first chunk that carries text. Throughput is the sum of completion tokens over t
 the whole level (``requests`` requests, at most ``concurrency`` in flight), prefills included.
 The decode rate is read from the server's ``/metrics`` (sequence steps / seconds in batched
 decode forwards during the level): what batching alone buys. Both modes run level by level,
-back to back, on the same server.
+back to back, on the same server; each level runs ``--repeats`` times with the modes alternating,
+and the table gives the median of each figure over the repeats (a slow spell of a shared machine
+then hits both modes, not one).
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ async def level(url, model, examples, ratio, concurrency, max_tokens) -> dict:
         "concurrency": concurrency, "requests": len(results), "ttft_p50": statistics.median(ttfts),
         "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))], "tokens": tokens,
         "wall_s": wall, "tokens_per_s": tokens / wall, "cached_share": cached / prompt,
-        "decode_tokens_per_s": (rows1 - rows0) / (seconds1 - seconds0),
+        "decode_tokens_per_s": (rows1 - rows0) / (seconds1 - seconds0), "ttfts": ttfts,
     }
 
 
@@ -137,21 +139,34 @@ def run(args) -> list[dict]:
         rows = []
         for i, c in enumerate(args.levels):
             batch = examples[i * args.requests : (i + 1) * args.requests]
-            for mode, ratio in MODES.items():
-                row = {"mode": mode} | asyncio.run(level(url, args.model, batch, ratio, c, args.max_tokens))
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            runs = {mode: [] for mode in MODES}
+            for r in range(args.repeats):  # modes alternate, so a slow spell of the machine hits both
+                for mode, ratio in MODES.items():
+                    row = {"mode": mode, "repeat": r} | asyncio.run(level(url, args.model, batch, ratio, c, args.max_tokens))
+                    print(json.dumps(row), flush=True)
+                    runs[mode].append(row)
+            rows += [median_row(mode, runs[mode]) for mode in MODES]
         return rows
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
+def median_row(mode: str, runs: list[dict]) -> dict:
+    """One level's figures: the median over repeats of each figure (every TTFT kept in ``ttfts``)."""
+    row = {"mode": mode, "concurrency": runs[0]["concurrency"], "requests": sum(r["requests"] for r in runs)}
+    for key in ("ttft_p50", "ttft_p95", "tokens_per_s", "decode_tokens_per_s", "cached_share"):
+        row[key] = statistics.median(r[key] for r in runs)
+    row["repeats"] = [{k: r[k] for k in ("ttft_p50", "ttft_p95", "tokens_per_s")} for r in runs]
+    row["ttfts"] = [t for r in runs for t in r["ttfts"]]
+    return row
+
+
 def report(rows: list[dict], args, out: Path, prompt_tokens: int) -> str:
     out.mkdir(parents=True, exist_ok=True)
     by = {(r["mode"], r["concurrency"]): r for r in rows}
     lines = [
-        f"pydoc workload: {args.requests} requests per level, {args.chunks} chunks of ~{args.chunk_tokens} tokens "
+        f"pydoc workload: {args.requests} requests per level (median over {args.repeats} runs, modes alternating), {args.chunks} chunks of ~{args.chunk_tokens} tokens "
         f"(~{prompt_tokens} prompt tokens), {args.max_tokens} max output tokens, {args.model}",
         "",
         "| concurrency | mode | TTFT p50 (s) | TTFT p95 (s) | output tok/s | decode tok/s | prompt tokens from cache |",
@@ -210,6 +225,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch threads of the server")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of each level and mode, alternating modes; the table shows medians over them")
     p.add_argument("--out", default="bench_serve_out")
     args = p.parse_args()
     args.levels = [int(x) for x in args.concurrency.split(",")]

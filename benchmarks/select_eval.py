@@ -67,6 +67,10 @@ for _k in (1, 2, 4):
         METHODS[f"nb{_k} deviation{_suffix}"] = (BlendConfig(ratios=(_r / 100,), neighbours=_k), None)
     METHODS[f"nb{_k} q+d 0.5"] = (BlendConfig(neighbours=_k), CombinedSelector(0.5))
     METHODS[f"nb{_k} chunk_start"] = (BlendConfig(neighbours=_k), ChunkStartSelector())
+    for _layer in (2, 3):
+        METHODS[f"nb{_k} deviation L{_layer}"] = (BlendConfig(check_layers=(_layer,), neighbours=_k), None)
+    METHODS[f"nb{_k} gradual 1+2+4"] = (BlendConfig(check_layers=(1, 2, 4), ratios=(0.4, 0.25, 0.15), neighbours=_k), None)
+    METHODS[f"nb{_k} deviation kv"] = (BlendConfig(measure="kv", neighbours=_k), None)
 
 
 def examples(dataset: str, split: str, count: int, engine) -> list:

@@ -1,5 +1,6 @@
 """Many clients at once: batched answers equal one-by-one answers; disconnects and a full queue."""
 
+import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -7,6 +8,9 @@ import httpx
 import openai
 import pytest
 from live_server import TINY, health, metric, running, wait_for
+
+from cacheblend.generation.decode import Sampling
+from cacheblend.serving.scheduler import Job, Scheduler
 
 CLIENTS, PER_CLIENT = 8, 4
 
@@ -76,3 +80,48 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_engine):
         thread.join(timeout=30)
         assert waiting["out"].status_code == 200 and waiting["out"].json()["usage"]["completion_tokens"] >= 1
         assert metric(url, "requests_total") >= 3
+
+
+def _decode_steps_for_jobs_arriving_together(engine, budget: int, jobs: int = 4, tokens: int = 3):
+    """Holds the model thread with a call while ``jobs`` requests queue up, releases it, and
+    returns (decode steps, completion tokens per job) once every job is done."""
+    scheduler = Scheduler(engine, max_batch=8, max_prefill_tokens=budget)
+    gate = threading.Event()
+
+    async def main():
+        held = asyncio.ensure_future(scheduler.call(gate.wait))
+        queues = [scheduler.submit(Job(prompt=f"Request {i}: " + "word " * (5 + 3 * i), max_tokens=tokens,
+                                       sampling=Sampling(), stop=[])) for i in range(jobs)]
+        await asyncio.sleep(0.2)
+        gate.set()
+        await held
+        done = []
+        for events in queues:
+            while (event := await asyncio.wait_for(events.get(), 60)).kind not in ("done", "error"):
+                pass
+            assert event.kind == "done", event.error
+            done.append(event.stats.completion_tokens)
+        return done
+
+    scheduler.start()
+    try:
+        completions = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    text = scheduler.metrics.render({})
+    steps = next(int(float(line.split()[1])) for line in text.splitlines() if line.startswith("cacheblend_decode_steps_total "))
+    return steps, completions
+
+
+def test_requests_arriving_together_are_all_prefilled_before_the_next_decode_step(tiny_engine):
+    """Prefills go first within the round's token budget: four waiting requests are admitted
+    before any decode step, so three tokens each take two batched steps. With a budget of one
+    token, one request is admitted per round and the batch steps between admissions."""
+    steps, completions = _decode_steps_for_jobs_arriving_together(tiny_engine, budget=4096)
+    assert completions == [3, 3, 3, 3]
+    assert steps == 2
+    steps, completions = _decode_steps_for_jobs_arriving_together(tiny_engine, budget=1)
+    assert completions == [3, 3, 3, 3]
+    assert steps == 5  # admit, step, admit, step, ...: the last request waited three decode steps
+    with pytest.raises(ValueError, match="max_prefill_tokens"):
+        Scheduler(tiny_engine, max_prefill_tokens=0)

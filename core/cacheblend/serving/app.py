@@ -38,10 +38,13 @@ def create_app(
     model_names: list[str] | None = None,
     max_batch: int = 8,
     max_queue: int = 64,
+    max_prefill_tokens: int = 4096,
 ) -> FastAPI:
     """An app serving ``engine``; ``store_dir``: where /v1/documents warms to (the attached disk store)."""
     metrics = Metrics()
-    scheduler = Scheduler(engine, max_batch=max_batch, max_queue=max_queue, metrics=metrics)
+    scheduler = Scheduler(
+        engine, max_batch=max_batch, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens, metrics=metrics
+    )
     service = _Service(engine, scheduler, metrics, list(model_names or [engine.name]), api_key, store_dir)
 
     @asynccontextmanager

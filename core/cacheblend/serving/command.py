@@ -22,6 +22,9 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     s.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    s.add_argument("--max-prefill-tokens", type=int, default=4096,
+                   help="tokens the prefills between two decode steps may compute (at least one request "
+                        "is admitted); waiting requests are admitted until it is spent (default 4096)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     from ..cli import neighbours_arg
 
@@ -52,6 +55,7 @@ def cmd_serve(args) -> int:
         model_names=[args.served_model_name or args.model],
         max_batch=args.max_batch,
         max_queue=args.max_queue,
+        max_prefill_tokens=args.max_prefill_tokens,
     )
     print(f"serving {args.served_model_name or args.model} on http://{args.host}:{args.port}/v1 "
           f"(KV store: {store or 'memory only'})", flush=True)

@@ -1,8 +1,17 @@
 """The model thread: continuous batching of blended prefills and batched decode steps.
 
-One thread owns the model. It takes work from a bounded queue: a request is prefilled (blended,
-one at a time, between decode steps) and joins the batch; every step then runs ONE forward for all
-active sequences (``SlotKV.step``). Calls such as warming run on the same thread, so the model is
+One thread owns the model. It takes work from a bounded queue: waiting requests are prefilled
+(blended, one after another) between decode steps and join the batch; every step then runs ONE
+forward for all active sequences (``SlotKV.step``).
+
+Prefills go first, as in vLLM's scheduler: before each decode step the thread admits waiting
+requests while slots are free, until the prefills of this round have computed
+``max_prefill_tokens`` tokens (at least one request per round). A blended prefill computes about
+a sixth of its prompt, so requests that arrive together are all admitted before the batch moves
+on, and none waits behind the others' decode steps; full prefills use the budget faster, which
+bounds how long one round stalls the streams already decoding (the same role as vLLM's
+``max_num_batched_tokens``). Blended prefills are not padded into one batched forward: on a CPU
+a forward is compute-bound, so batching them would save no time, only add padding. Calls such as warming run on the same thread, so the model is
 never used by two threads at once. The ASGI side submits jobs and reads their events from an
 asyncio queue fed with ``call_soon_threadsafe``; it cancels a job by setting ``job.cancelled``,
 which frees the job's slot before the next step.
@@ -86,11 +95,23 @@ class _Call:
 class Scheduler:
     """Owns the engine's model on one thread; see the module docstring."""
 
-    def __init__(self, engine: Any, *, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None):
-        if max_batch < 1 or max_queue < 1:
-            raise ValueError(f"max_batch and max_queue must be >= 1, got {max_batch} and {max_queue}")
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        max_prefill_tokens: int = 4096,
+        metrics: Metrics | None = None,
+    ):
+        if max_batch < 1 or max_queue < 1 or max_prefill_tokens < 1:
+            raise ValueError(
+                f"max_batch, max_queue and max_prefill_tokens must be >= 1, "
+                f"got {max_batch}, {max_queue} and {max_prefill_tokens}"
+            )
         self.engine = engine
         self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
         self.metrics = metrics or Metrics()
         self._pending: queue.Queue = queue.Queue(maxsize=max_queue)
         self._active: list[_Sequence] = []
@@ -145,21 +166,26 @@ class Scheduler:
         self._fail_all(RuntimeError("the server is shutting down"))
 
     def _iterate(self) -> None:
+        """One round: admit waiting work within the prefill budget, then one decode step."""
         self._drop_cancelled()
-        if len(self._active) < self.max_batch:
-            try:
+        budget = self.max_prefill_tokens
+        while len(self._active) < self.max_batch and budget > 0:
+            try:  # block briefly only when there is nothing to decode
                 item = self._pending.get(timeout=0.05) if not self._active else self._pending.get_nowait()
             except queue.Empty:
-                item = None
-            self.metrics.set_queue(self._pending.qsize())
+                break
+            finally:
+                self.metrics.set_queue(self._pending.qsize())
             if isinstance(item, _Call):
                 self._run_call(item)
-            elif item is not None and not item.cancelled.is_set():
-                try:
-                    self._admit(item)
-                except Exception as exc:
-                    item.emit(Event("error", error=exc))
-                    raise
+                break  # a call (warming) may be long: let the batch move before more admissions
+            if item.cancelled.is_set():
+                continue
+            try:
+                budget -= self._admit(item)
+            except Exception as exc:
+                item.emit(Event("error", error=exc))
+                raise
         if self._active:
             self._step()
 
@@ -175,8 +201,9 @@ class Scheduler:
         except Exception as exc:  # handed to the awaiting request
             call.future.set_exception(exc)
 
-    def _admit(self, job: Job) -> None:
-        """Blended prefill of ``job``, its first token, and its place in the batch."""
+    def _admit(self, job: Job) -> int:
+        """Blended prefill of ``job``, its first token, and its place in the batch; returns the
+        tokens its prefill computed (what it spent of the round's prefill budget)."""
         engine = self.engine
         try:
             if job.documents:
@@ -190,7 +217,7 @@ class Scheduler:
             pre = engine.prefill(job.prompt, recompute_ratio=job.recompute_ratio)
         except Exception as exc:  # bad input or a model failure: the request fails, the server goes on
             job.emit(Event("error", error=exc))
-            return
+            return 1
         stats = replace(pre.stats)
         limit = engine.context_window - n
         seq = _Sequence(
@@ -205,6 +232,7 @@ class Scheduler:
         if not self._advance(seq, pre.output.logits):
             self._slots.add(pre.output.kv)
             self._active.append(seq)
+        return max(1, stats.recomputed_tokens)
 
     def _advance(self, seq: _Sequence, logits) -> bool:
         """Samples the next token of ``seq`` from ``logits`` [vocab]; emits text; True when finished."""
