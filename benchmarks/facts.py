@@ -27,9 +27,10 @@ OTHER_ORDER = (8, 3, 17, 0, 11, 5)
 PREFIX = "Answer briefly from the passages."
 ALONE = dict(neighbours=0)  # CacheBlend's warming: each chunk computed alone
 SETTINGS = {
-    "default (15%, chunks warmed behind 1 neighbour)": BlendConfig(),
+    "default (15%, 1 neighbour, first chunk's KV warmed alone)": BlendConfig(),
+    "1 neighbour for every chunk (no lead record), 15%": BlendConfig(lead_alone=False),
     "neighbours 2, 15%": BlendConfig(neighbours=2),
-    "neighbours 1, full reuse": BlendConfig(ratios=(0.0,), neighbours=1),
+    "default, full reuse": BlendConfig(ratios=(0.0,)),
     "CacheBlend 15% (deviation, chunks alone)": BlendConfig(**ALONE),
     "CacheBlend 30% (chunks alone)": BlendConfig(ratios=(0.3,), **ALONE),
     "deviation 15%, check layer 2 (alone)": BlendConfig(check_layers=(2,), **ALONE),
@@ -41,9 +42,9 @@ SETTINGS = {
 }
 
 
-def warming(cfg: BlendConfig) -> tuple[str, int]:
+def warming(cfg: BlendConfig) -> tuple[str, int, bool]:
     """What a setting's chunk KV depends on: the engines that warm it differ only in this."""
-    return cfg.chunk_context, cfg.neighbours
+    return cfg.chunk_context, cfg.neighbours, cfg.lead_alone and cfg.neighbours > 0
 
 
 def main() -> None:

@@ -15,11 +15,13 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from cacheblend import BlendConfig, BlendEngine, shared_engine
+from cacheblend.stores import chunk_key
 from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import token_f1
@@ -73,6 +75,21 @@ for _k in (1, 2, 4):
     METHODS[f"nb{_k} deviation kv"] = (BlendConfig(measure="kv", neighbours=_k), None)
 
 
+# "nbK" engines keep lead records (BlendConfig.lead_alone, the default): the prompt's first chunk
+# reads its KV warmed alone. "nbK plain ..." reads the KV warmed behind neighbours for every chunk.
+for _k in (1, 2):
+    for _how in ("deviation", "reuse"):
+        METHODS[f"nb{_k} plain {_how}"] = (replace(METHODS[f"nb{_k} {_how}"][0], lead_alone=False), None)
+# position ladders: "ladder 0-1-2 deviation" = the prompt's first chunk uses its KV warmed alone,
+# the second its KV warmed behind 1 neighbour, every later one behind 2
+LADDERS: dict[str, tuple[int, ...]] = {}
+for _ladder in ("0-1", "0-2", "0-1-2", "1-2"):
+    for _how in ("deviation", "reuse"):
+        _steps = tuple(int(x) for x in _ladder.split("-"))
+        LADDERS[f"ladder {_ladder} {_how}"] = _steps
+        METHODS[f"ladder {_ladder} {_how}"] = METHODS[f"nb{max(_steps)} {_how}"]
+
+
 def examples(dataset: str, split: str, count: int, engine) -> list:
     """Question/passages/answers examples of ``dataset`` for ``split`` (dev or report only)."""
     if dataset == "facts":
@@ -92,12 +109,19 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     qs = examples(dataset, split, count, engine)
     pool = sorted({p for q in qs for p in q.passages})
     engines = {0: engine}
-    for k in sorted({METHODS[n][0].neighbours for n in names} - {0}):
+    needed = {METHODS[n][0].neighbours for n in names} | {k for n in names for k in LADDERS.get(n, ())}
+    for k in sorted(needed - {0}):
         engines[k] = BlendEngine(model, tok, config=BlendConfig(neighbours=k), memory_bytes=room)
     for k, eng in engines.items():
         started = time.time()
         eng.warm(pool, progress=False)
         log(f"warmed {len(pool)} passages behind {k} neighbours in {time.time() - started:.0f} s", flush=True)
+    ladders = {n: _ladder_engine(LADDERS[n], engines, model, tok) for n in names if n in LADDERS}
+    views = {}  # plain methods: an engine without lead records over the same stores
+    for n in names:
+        if METHODS[n][0].neighbours and not METHODS[n][0].lead_alone:
+            views[n] = BlendEngine(model, tok, config=METHODS[n][0], memory_bytes=1 << 20)
+            views[n].stores = engines[METHODS[n][0].neighbours].stores
     default_cfg = engine.config
     keys = ("right", "agree", "f1", "top1", "kl", "share", "time")
     rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
@@ -112,7 +136,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
             ends_eos = ref.stats.finish_reason == "stop" and p[-1].argmax().item() in engine.eos_ids
             for name in names:
                 cfg, sel = METHODS[name]
-                eng = engines[cfg.neighbours]
+                eng = ladders.get(name) or views.get(name) or engines[cfg.neighbours]
                 eng.config, eng.selector = cfg, sel
                 pre = eng.prefill(**req)
                 kl, top1, same = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
@@ -126,6 +150,19 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     finally:
         engine.config, engine.selector = default_cfg, None
     return rows
+
+
+def _ladder_engine(steps: tuple[int, ...], engines: dict, model, tok) -> BlendEngine:
+    """An engine whose i-th prompt chunk reads the KV warmed behind ``steps[min(i, len(steps) - 1)]``
+    neighbours (the plain records of that engine)."""
+    ladder = BlendEngine(model, tok, config=BlendConfig(neighbours=max(steps)), memory_bytes=1 << 20)
+
+    def lookup(chunks):
+        picks = [engines[steps[min(i, len(steps) - 1)]] for i in range(len(chunks))]
+        return [e.stores.get(chunk_key(e.fingerprint, c)) for e, c in zip(picks, chunks)]
+
+    ladder._lookup = lookup
+    return ladder
 
 
 def _right(text: str, answers: list[str]) -> float | None:

@@ -43,6 +43,7 @@ from .prompts.request import (
 from .prompts.tokenize import Encoding, chunk_context_ids, encode_chunk, encode_prompt
 from .result import Generation
 from .stores import (
+    LEAD,
     ChunkKey,
     ChunkRecord,
     DiskStore,
@@ -77,6 +78,8 @@ class BlendEngine:
         self.selector = selector
         self.context_ids = chunk_context_ids(tokenizer, self.config.chunk_context)  # each chunk is warmed behind
         self.neighbours = self.config.neighbours  # ... and behind this many similar passages (fixed: it keys the KV)
+        # with neighbours, also kept alone (the "lead" variant) for the prompt's first chunk (fixed: what warm() stores)
+        self.lead_alone = bool(self.neighbours and self.config.lead_alone)
         self.fingerprint = model_fingerprint(
             model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.context_ids,
             neighbours=self.neighbours,
@@ -166,10 +169,12 @@ class BlendEngine:
         return [chunk_key(self.fingerprint, self.encode_chunk(clean_chunk(t)).ids) for t in texts]
 
     def is_warm(self, text: str) -> bool:
-        """Whether the KV of ``text`` is in memory or an attached store (no compute)."""
-        (key,) = self.chunk_keys([text])
+        """Whether the KV of ``text`` (both its records, with ``lead_alone``) is in memory or an
+        attached store (no compute)."""
+        ids = self.encode_chunk(clean_chunk(text)).ids
+        keys = [chunk_key(self.fingerprint, ids)] + ([chunk_key(self.fingerprint, ids, LEAD)] if self.lead_alone else [])
         with self._lock:
-            return key in self.stores
+            return all(key in self.stores for key in keys)
 
     def warm(
         self,
@@ -254,7 +259,19 @@ class BlendEngine:
             raise ValueError(f"the prompt has {n} tokens; the model's context window is {self.context_window}")
 
     def _lookup(self, chunks: list[list[int]]) -> list[ChunkRecord | None]:
-        return self.stores.get_many([chunk_key(self.fingerprint, ids) for ids in chunks])
+        """The stored KV of a prompt's chunks, in prompt order. With ``lead_alone`` the first chunk
+        reads its ``lead`` record (warmed alone) and the others their records warmed behind
+        neighbours; a chunk lacking the record its place asks for uses its other one."""
+        if not self.lead_alone:
+            return self.stores.get_many([chunk_key(self.fingerprint, ids) for ids in chunks])
+        variants = [LEAD if i == 0 else "" for i in range(len(chunks))]
+        records = self.stores.get_many([chunk_key(self.fingerprint, ids, v) for ids, v in zip(chunks, variants)])
+        missing = [i for i, r in enumerate(records) if r is None]
+        if missing:
+            other = [chunk_key(self.fingerprint, chunks[i], "" if variants[i] else LEAD) for i in missing]
+            for i, record in zip(missing, self.stores.get_many(other)):
+                records[i] = record
+        return records
 
     def token_ids(
         self,

@@ -110,10 +110,12 @@ def _tfidf(ids: Sequence[Sequence[int]], idf: torch.Tensor) -> torch.Tensor:
     return torch.sparse_coo_tensor(index, torch.tensor(vals), shape, check_invariants=False).coalesce()
 
 
-def behind(context_ids: Sequence[int], neighbour_ids: Sequence[Sequence[int]], chunk_len: int, room: int) -> list[int]:
-    """The ids a chunk is computed behind: the chunk context, then its neighbours, the most
-    similar last (next to the chunk); the least similar are dropped until everything fits in ``room``."""
+def behind(neighbour_ids: Sequence[Sequence[int]], fixed: int, room: int) -> list[Sequence[int]]:
+    """The neighbours a chunk is computed behind, in the order they are placed after the chunk
+    context: the most similar last (next to the chunk). ``neighbour_ids`` comes most similar
+    first; the least similar are dropped until they and the ``fixed`` tokens (chunk context and
+    chunk) fit in ``room``."""
     kept = list(neighbour_ids)
-    while kept and len(context_ids) + sum(map(len, kept)) + chunk_len > room:
+    while kept and fixed + sum(map(len, kept)) > room:
         kept.pop()
-    return [*context_ids, *(t for n in reversed(kept) for t in n)]
+    return kept[::-1]

@@ -5,7 +5,11 @@ stores nothing from its batch), then, under the engine's lock, ``store_missing``
 chunks neither memory nor an attached store holds, batched by similar length, and writes each
 record to memory, to the requested disk store and through to every attached Redis store (copying
 records those stores lack). With ``BlendConfig.neighbours`` > 0 each chunk is computed behind
-its most similar passages (``cacheblend.neighbours``), one chunk at a time.
+its most similar passages (``cacheblend.neighbours``), one chunk at a time; with ``lead_alone``
+each chunk also gets its ``lead`` record, computed behind the chunk context alone. A neighbour
+placed first in another chunk's context sits right behind the chunk context, so its rows there
+are its lead record: it is taken from that forward for free, and only the chunks that are
+nobody's first neighbour are computed alone (batched).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 from .blending.encode import encode_padded
 from .neighbours import behind
 from .prompts.request import clean_chunk
-from .stores import ChunkKey, ChunkRecord, DiskStore, chunk_key, compact
+from .stores import LEAD, ChunkKey, ChunkRecord, DiskStore, chunk_key, compact
 
 if TYPE_CHECKING:
     from .engine import BlendEngine
@@ -26,11 +30,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class WarmChunk:
-    """A validated chunk: its canonical text, token ids and store key."""
+    """A validated chunk: its canonical text, token ids and store key (and the key of its lead
+    record, warmed alone, when the engine keeps one)."""
 
     text: str
     ids: list[int]
     key: ChunkKey
+    lead: ChunkKey | None = None
 
 
 def prepare(engine: BlendEngine, texts) -> list[WarmChunk]:
@@ -42,7 +48,8 @@ def prepare(engine: BlendEngine, texts) -> list[WarmChunk]:
         ids = engine.encode_chunk(text).ids
         if len(ids) > room:
             raise ValueError(f"a chunk of {len(ids)} tokens exceeds the context window ({room}): {text[:60]!r}...")
-        chunks.append(WarmChunk(text, ids, chunk_key(engine.fingerprint, ids)))
+        lead = chunk_key(engine.fingerprint, ids, LEAD) if engine.lead_alone else None
+        chunks.append(WarmChunk(text, ids, chunk_key(engine.fingerprint, ids), lead))
     return chunks
 
 
@@ -83,18 +90,20 @@ def store_missing(
 
     ``progress``: a progress bar (default: when 16 or more chunks need computing).
     """
-    keys = list(dict.fromkeys(c.key for c in chunks))
+    wanted = [(c.key, c, False) for c in chunks] + [(c.lead, c, True) for c in chunks if c.lead]
+    keys = list(dict.fromkeys(key for key, _, _ in wanted))
     lacking = {id(r): {k for k, there in zip(keys, r.contains_many(keys)) if not there} for r in engine.stores.remotes}
-    todo: dict[str, WarmChunk] = {}
-    for chunk in chunks:
-        to_disk = disk is not None and chunk.key not in disk
-        to_remote = [r for r in engine.stores.remotes if chunk.key in lacking[id(r)]]
-        held = (disk is not None and not to_disk) or any(chunk.key not in lacking[id(r)] for r in engine.stores.remotes)
-        if chunk.key in todo or (held and not to_disk and not to_remote):
+    todo: dict[str, WarmChunk] = {}  # key -> chunk, computed behind its neighbours (or alone)
+    leads: dict[str, WarmChunk] = {}  # lead key -> chunk, computed behind the chunk context alone
+    for key, chunk, lead in wanted:
+        to_disk = disk is not None and key not in disk
+        to_remote = [r for r in engine.stores.remotes if key in lacking[id(r)]]
+        held = (disk is not None and not to_disk) or any(key not in lacking[id(r)] for r in engine.stores.remotes)
+        if key in todo or key in leads or (held and not to_disk and not to_remote):
             continue
-        record = engine.stores.get(chunk.key)
+        record = engine.stores.get(key)
         if record is None:
-            todo[chunk.key] = chunk
+            (leads if lead else todo)[key] = chunk
             continue
         if to_disk:
             disk.put(record)
@@ -102,7 +111,7 @@ def store_missing(
             remote.put(record)
     if engine.neighbours:
         _index(engine, chunks)
-    _compute(engine, list(todo.values()), disk, batch_size, progress, given or {})
+    _compute(engine, list(todo.values()), disk, batch_size, progress, given or {}, leads)
 
 
 def _index(engine: BlendEngine, chunks: list[WarmChunk]) -> None:
@@ -113,12 +122,15 @@ def _index(engine: BlendEngine, chunks: list[WarmChunk]) -> None:
     index.add(known, [engine.encode_chunk(t).ids for t in known])
 
 
-def _contexts(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]]) -> list[list[int]]:
-    """The ids each chunk of ``batch`` is computed behind: the chunk context, then (with
-    ``config.neighbours``) its neighbours, given or found in the engine's neighbour index."""
+def _contexts(
+    engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]]
+) -> list[tuple[list[int], list[int] | None]]:
+    """What each chunk of ``batch`` is computed behind: the chunk context, then (with
+    ``config.neighbours``) its neighbours, given or found in the engine's neighbour index; with
+    the ids of the neighbour placed first (right behind the chunk context), if any."""
     k = engine.neighbours
     if not k:
-        return [list(engine.context_ids)] * len(batch)
+        return [(list(engine.context_ids), None)] * len(batch)
     index = engine.neighbour_index
     ask = [c for c in batch if c.text not in given]
     found = dict(zip((c.text for c in ask), index.nearest([c.ids for c in ask], k, exclude=[c.text for c in ask])))
@@ -126,18 +138,33 @@ def _contexts(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list
     for chunk in batch:
         texts = given[chunk.text] if chunk.text in given else found[chunk.text]
         ids = [index.ids(t) or engine.encode_chunk(t).ids for t in texts]  # given texts may be unindexed
-        out.append(behind(engine.context_ids, ids, len(chunk.ids), engine.context_window))
+        kept = behind(ids, len(engine.context_ids) + len(chunk.ids), engine.context_window)
+        out.append(([*engine.context_ids, *(t for n in kept for t in n)], kept[0] if kept else None))
     return out
 
 
-def _encode(engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]]) -> list:
+def _encode(
+    engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]], leads: dict[str, WarmChunk]
+) -> tuple[list, list[tuple[WarmChunk, object]]]:
     """Each chunk's KV, [layers, 2, kv_heads, T_padded, head_dim] per chunk: one padded batch
-    behind the shared chunk context, or one chunk at a time behind its own neighbours."""
+    behind the shared chunk context, or one chunk at a time behind its own neighbours. Also the
+    lead records this took for free: (chunk, KV) of every first-placed neighbour whose lead
+    record is wanted (it is then removed from ``leads``)."""
     contexts = _contexts(engine, batch, given)
-    engine.tokens_warmed += sum(len(ctx) + len(c.ids) for ctx, c in zip(contexts, batch))
+    engine.tokens_warmed += sum(len(ctx) + len(c.ids) for (ctx, _), c in zip(contexts, batch))
     if not engine.neighbours:
-        return list(encode_padded(engine.adapter, contexts[0], [c.ids for c in batch]))
-    return [encode_padded(engine.adapter, ctx, [c.ids])[0] for ctx, c in zip(contexts, batch)]
+        return list(encode_padded(engine.adapter, contexts[0][0], [c.ids for c in batch])), []
+    out, free = [], []
+    base = len(engine.context_ids)
+    for (ctx, first), chunk in zip(contexts, batch):
+        lead = leads.pop(chunk_key(engine.fingerprint, first, LEAD), None) if first is not None and leads else None
+        if lead is None:
+            out.append(encode_padded(engine.adapter, ctx, [chunk.ids])[0])
+            continue
+        rows = encode_padded(engine.adapter, ctx[:base], [ctx[base:] + chunk.ids])[0]  # from the first neighbour on
+        free.append((lead, rows[..., : len(first), :]))
+        out.append(rows[..., len(ctx) - base :, :])
+    return out, free
 
 
 def _compute(
@@ -147,25 +174,40 @@ def _compute(
     batch_size: int,
     progress: bool | None,
     given: dict[str, list[str]],
+    leads: dict[str, WarmChunk],
 ) -> None:
+    """Computes and stores ``todo`` (behind neighbours) and then the ``leads`` that computing it did
+    not yield for free (alone, in padded batches)."""
     from tqdm.auto import tqdm
 
     order = sorted(todo, key=lambda c: len(c.ids))  # similar lengths pad less
-    show = progress if progress is not None else len(order) >= 16
-    dense, codec = compact.dense_dtype(engine.config.kv_dtype), compact.codec_for(engine.config.kv_dtype)
-    with tqdm(total=len(order), desc="warming KV", unit="chunk", disable=not show) as bar:
+    show = progress if progress is not None else len(order) + len(leads) >= 16
+    with tqdm(total=len(order) + len(leads), desc="warming KV", unit="chunk", disable=not show) as bar:
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
-            batch_kv = _encode(engine, batch, given)  # B x [L, 2, Hkv, T, d]
-            records = []
-            for chunk, kv in zip(batch, batch_kv):
-                stored = kv[..., : len(chunk.ids), :].to("cpu", dense).contiguous()  # [L, 2, Hkv, tokens, d]
-                # int8: every tier holds what a disk or Redis read returns, so a hit is the same anywhere
-                records.append(ChunkRecord(chunk.key, compact.roundtrip(stored, codec), chunk.text))
-            for record in records:
-                engine.stores.memory.put(record)
-                if disk is not None:
-                    disk.put(record)
-            for remote in engine.stores.remotes:
-                remote.put_many(records)
+            batch_kv, free = _encode(engine, batch, given, leads)  # B x [L, 2, Hkv, T, d]
+            _store(engine, disk, [(c.key, c, kv) for c, kv in zip(batch, batch_kv)] + [(c.lead, c, kv) for c, kv in free])
+            bar.update(len(batch) + len(free))
+        alone = sorted(leads.values(), key=lambda c: len(c.ids))
+        for start in range(0, len(alone), batch_size):
+            batch = alone[start : start + batch_size]
+            engine.tokens_warmed += sum(len(engine.context_ids) + len(c.ids) for c in batch)
+            batch_kv = encode_padded(engine.adapter, engine.context_ids, [c.ids for c in batch])
+            _store(engine, disk, [(c.lead, c, kv) for c, kv in zip(batch, batch_kv)])
             bar.update(len(batch))
+
+
+def _store(engine: BlendEngine, disk: DiskStore | None, computed: list[tuple[str, WarmChunk, object]]) -> None:
+    """Writes (key, chunk, KV [L, 2, Hkv, >= tokens, d]) records to memory, ``disk`` and every Redis store."""
+    dense, codec = compact.dense_dtype(engine.config.kv_dtype), compact.codec_for(engine.config.kv_dtype)
+    records = []
+    for key, chunk, kv in computed:
+        stored = kv[..., : len(chunk.ids), :].to("cpu", dense).contiguous()  # [L, 2, Hkv, tokens, d]
+        # int8: every tier holds what a disk or Redis read returns, so a hit is the same anywhere
+        records.append(ChunkRecord(key, compact.roundtrip(stored, codec), chunk.text))
+    for record in records:
+        engine.stores.memory.put(record)
+        if disk is not None:
+            disk.put(record)
+    for remote in engine.stores.remotes:
+        remote.put_many(records)

@@ -7,7 +7,7 @@ import torch
 
 from cacheblend import BlendConfig, BlendEngine
 from cacheblend.neighbours import NeighbourIndex, behind
-from cacheblend.stores import model_fingerprint
+from cacheblend.stores import LEAD, chunk_key, model_fingerprint
 
 from tiny_models import tiny_model
 
@@ -44,10 +44,10 @@ def test_index_finds_passages_on_the_same_topic_most_similar_first(tokenizer):
 
 
 def test_behind_drops_the_least_similar_neighbours_that_do_not_fit():
-    ctx, near = [1, 2], [[10, 11, 12], [20, 21]]  # most similar first
-    assert behind(ctx, near, 4, room=100) == [1, 2, 20, 21, 10, 11, 12]  # most similar next to the chunk
-    assert behind(ctx, near, 4, room=9) == [1, 2, 10, 11, 12]
-    assert behind(ctx, near, 4, room=6) == [1, 2]
+    near = [[10, 11, 12], [20, 21]]  # most similar first; chunk context (2) + chunk (4) = 6 fixed tokens
+    assert behind(near, 6, room=100) == [[20, 21], [10, 11, 12]]  # most similar placed next to the chunk
+    assert behind(near, 6, room=9) == [[10, 11, 12]]
+    assert behind(near, 6, room=6) == []
 
 
 @pytest.mark.parametrize("bad", [-1, 9, True, 1.5, "2"])
@@ -71,12 +71,17 @@ def _hf_chunk_kv(engine, context: list[int], chunk: list[int]) -> list[tuple[tor
     return [(layer.keys[0, :, -len(chunk):], layer.values[0, :, -len(chunk):]) for layer in out.cache.layers]
 
 
-def _assert_record_is(engine, text: str, context: list[int]):
-    """The stored record of ``text`` is the model's KV of it behind ``context`` (K rotated to its
-    positions there: records keep K before RoPE)."""
+def _behind(engine, near: list[str]) -> list[int]:
+    """The chunk context, then the neighbours ``near`` (most similar first) as placed: most similar last."""
+    return [*engine.context_ids, *(t for n in behind(_ids(engine, near), 0, 10**6) for t in n)]
+
+
+def _assert_record_is(engine, text: str, context: list[int], variant: str = ""):
+    """The stored record of ``text`` (its ``variant``) is the model's KV of it behind ``context``
+    (K rotated to its positions there: records keep K before RoPE)."""
     (chunk,) = _ids(engine, [text])
-    (key,) = engine.chunk_keys([text])
-    record = engine.stores.get(key)
+    record = engine.stores.get(chunk_key(engine.fingerprint, chunk, variant))
+    assert record is not None, f"no {variant or 'plain'} record of {text[:30]!r}"
     pos = torch.arange(len(context), len(context) + len(chunk))
     cos, sin = engine.adapter.rope(pos)
     from cacheblend.blending.rope import apply_rope
@@ -92,7 +97,7 @@ def test_a_chunk_is_stored_as_computed_behind_its_two_nearest_passages(make_engi
     engine.warm(SHIPS + BEES)
     near = engine.neighbour_index.nearest(_ids(engine, [SHIPS[0]]), 2, exclude=[SHIPS[0]])[0]
     assert set(near) == set(SHIPS[1:])
-    context = behind(engine.context_ids, _ids(engine, near), 0, engine.context_window)
+    context = _behind(engine, near)
     _assert_record_is(engine, SHIPS[0], context)
     # alone, the same chunk's KV differs: the neighbours changed what it attended to
     alone = make_engine("llama")
@@ -108,7 +113,7 @@ def test_a_chunk_warmed_later_finds_neighbours_among_the_chunks_already_warmed(m
     engine.warm([SHIPS[2]])  # warmed on its own: its neighbour comes from what the engine knows
     near = engine.neighbour_index.nearest(_ids(engine, [SHIPS[2]]), 1, exclude=[SHIPS[2]])[0]
     assert near[0] in SHIPS[:2]
-    _assert_record_is(engine, SHIPS[2], behind(engine.context_ids, _ids(engine, near), 0, 10**6))
+    _assert_record_is(engine, SHIPS[2], _behind(engine, near))
 
 
 def test_explicit_neighbours_are_used_as_given(make_engine):
@@ -118,6 +123,46 @@ def test_explicit_neighbours_are_used_as_given(make_engine):
     before = engine.stores.get(engine.chunk_keys(SHIPS[:1])[0]).kv.clone()
     engine.warm([SHIPS[0]], neighbours=[[SHIPS[1]]])  # stored already: nothing is recomputed
     assert torch.equal(engine.stores.get(engine.chunk_keys(SHIPS[:1])[0]).kv, before)
+
+
+def test_every_chunk_also_keeps_its_kv_warmed_alone_mostly_for_free(make_engine):
+    """lead_alone (the default): each chunk's lead record is exactly its KV behind the chunk
+    context alone. A chunk that is another's neighbour gets it from that chunk's forward (it sits
+    right behind the chunk context there); only the others are computed alone."""
+    engine = make_engine("llama", neighbours=1)
+    assert BlendConfig().lead_alone and engine.lead_alone
+    texts = SHIPS + BEES
+    engine.warm(texts)
+    ctx = list(engine.context_ids)
+    for text in texts:
+        _assert_record_is(engine, text, ctx, LEAD)
+    near = {t: engine.neighbour_index.nearest(_ids(engine, [t]), 1, exclude=[t])[0][0] for t in texts}
+    size = {t: len(_ids(engine, [t])[0]) for t in texts}
+    alone = [t for t in texts if t not in near.values()]
+    assert alone and len(alone) < len(texts)
+    assert engine.tokens_warmed == sum(len(ctx) + size[near[t]] + size[t] for t in texts) + sum(len(ctx) + size[t] for t in alone)
+    assert not make_engine("llama", neighbours=1, lead_alone=False).lead_alone
+    assert not make_engine("llama", lead_alone=True).lead_alone  # warming alone: one record is both
+
+
+def test_the_first_chunk_of_a_prompt_reads_its_lead_record(make_engine, tmp_path):
+    """The first chunk reads the KV warmed alone, the others the KV warmed behind neighbours; a chunk
+    lacking the record its place asks for uses its other one, and warm() adds only what is missing."""
+    plain = make_engine("llama", neighbours=1, lead_alone=False)
+    plain.warm(SHIPS + BEES, store_dir=tmp_path)
+    engine = make_engine("llama", neighbours=1)
+    engine.attach_store(tmp_path)
+    assert engine.fingerprint == plain.fingerprint  # the same records; lead ones are extra keys
+    ids = _ids(engine, [BEES[0], SHIPS[2], SHIPS[0]])
+    fp = engine.fingerprint
+    assert [r.key for r in engine._lookup(ids)] == [chunk_key(fp, i) for i in ids]  # no lead record yet
+    assert engine.prefill(chunks=[BEES[0], SHIPS[2]], query="Which ship?").stats.chunk_hits == 2
+    assert not engine.is_warm(BEES[0])
+    engine.warm(SHIPS + BEES)
+    ctx = len(engine.context_ids)
+    assert engine.tokens_warmed == sum(ctx + len(i) for i in _ids(engine, SHIPS + BEES))  # the lead records only
+    assert engine.is_warm(BEES[0])
+    assert [r.key for r in engine._lookup(ids)] == [chunk_key(fp, ids[0], LEAD), chunk_key(fp, ids[1]), chunk_key(fp, ids[2])]
 
 
 def test_bad_explicit_neighbours_are_refused_before_any_compute(make_engine):
@@ -145,9 +190,10 @@ def test_a_chunk_warmed_behind_neighbours_is_reused_wherever_it_lands(make_engin
 
 
 def test_real_model_default_warming_blends_closer_to_full_prefill(real_engine):
-    """The default (chunks warmed behind a neighbour, deviation 15%) is closer to full prefill than
-    CacheBlend (chunks warmed alone, deviation 15%), itself closer than full reuse: mean KL over
-    the full-prefill answers of development fact questions."""
+    """The default (chunks warmed behind a neighbour, the first chunk's KV warmed alone, deviation
+    15%) is closer to full prefill than the same without lead records, itself closer than
+    CacheBlend (chunks warmed alone, deviation 15%), itself closer than full reuse: mean KL over the
+    full-prefill answers of development fact questions."""
     from cacheblend.tools.factset import questions
     from cacheblend.tools.quality import answer_kl
 
@@ -157,7 +203,10 @@ def test_real_model_default_warming_blends_closer_to_full_prefill(real_engine):
     alone = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(neighbours=0))
     alone.warm(pool)
     real_engine.warm(pool)
-    kl = {"reuse": [], "alone": [], "default": []}
+    assert real_engine.lead_alone
+    plain = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(lead_alone=False))
+    plain.stores = real_engine.stores  # the same records, read without the lead ones
+    kl = {"reuse": [], "alone": [], "plain": [], "default": []}
     for q in qs:
         req = dict(chunks=q.passages, query=q.question, prefix="Answer briefly from the passages.")
         full = real_engine.prefill(**req, recompute_ratio=1.0)
@@ -165,9 +214,10 @@ def test_real_model_default_warming_blends_closer_to_full_prefill(real_engine):
         for name, pre in (
             ("reuse", alone.prefill(**req, recompute_ratio=0.0)),
             ("alone", alone.prefill(**req)),
+            ("plain", plain.prefill(**req)),
             ("default", real_engine.prefill(**req)),
         ):
             assert pre.stats.chunk_hits == len(q.passages)
             kl[name].append(answer_kl(full, pre, ref.token_ids))
     mean = {k: sum(v) / len(v) for k, v in kl.items()}
-    assert mean["default"] < 0.85 * mean["alone"] < 0.85 * mean["reuse"], mean
+    assert mean["default"] < 0.85 * mean["plain"] < 0.85 * mean["alone"] < 0.85 * mean["reuse"], mean

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from langchain_community.vectorstores import FAISS
+from kv_records import RECORDS_PER_CHUNK
 from langchain_core.documents import Document
 from lc_helpers import fresh_texts
 
 from cacheblend import BlendEngine, StoreWarning
+from cacheblend.stores import LEAD, chunk_key
 from langchain_cacheblend import BUNDLED_MODEL, CacheBlendFAISS
 
 pytestmark = pytest.mark.real_model
@@ -105,7 +107,7 @@ def test_save_local_writes_faiss_files_and_a_pickle_free_kv_store(tmp_path, engi
     assert (tmp_path / "index.faiss").is_file() and (tmp_path / "index.pkl").is_file()
     ours = [p for p in (tmp_path / "cacheblend").rglob("*") if p.is_file()]
     assert {p.suffix for p in ours} == {".json", ".jsonl", ".safetensors"}  # no pickle of ours
-    assert len(kv_files(tmp_path)) == 3
+    assert len(kv_files(tmp_path)) == 3 * RECORDS_PER_CHUNK
     manifest = json.loads((tmp_path / "cacheblend" / "index.json").read_text())
     assert manifest == {"format": 1, "model": BUNDLED_MODEL, "documents": 3}
 
@@ -137,7 +139,7 @@ def test_interrupted_save_is_completed_on_load(tmp_path, engine, embeddings):
     with pytest.warns(UserWarning, match="2 document"):
         loaded = CacheBlendFAISS.load_local(tmp_path, embeddings, allow_dangerous_deserialization=True)
     after = kv_files(tmp_path)
-    assert len(after) == 3 and all(after[p] == first[p] for p in first)  # only the missing were written
+    assert len(after) == 3 * RECORDS_PER_CHUNK and all(after[p] == first[p] for p in first)  # only the missing were written
     assert loaded.engine is engine and lookup(engine, texts) == (3, 0)
 
 
@@ -149,7 +151,7 @@ def test_index_saved_by_plain_faiss_is_warmed_on_load_or_left_to_query_time(tmp_
         with pytest.warns(UserWarning, match="2 document.*" + ("warming" if warm_missing else "query time")):
             CacheBlendFAISS.load_local(folder, embeddings, allow_dangerous_deserialization=True,
                                        warm_missing=warm_missing)
-        assert len(kv_files(folder)) == (2 if warm_missing else 0)
+        assert len(kv_files(folder)) == (2 * RECORDS_PER_CHUNK if warm_missing else 0)
         assert lookup(engine, texts) == ((2, 0) if warm_missing else (0, 0))
 
 
@@ -172,7 +174,7 @@ def test_kv_store_of_another_model_is_never_reused(tmp_path, engine, embeddings,
     with pytest.warns(StoreWarning, match="other models"), pytest.warns(UserWarning, match="2 document.*warming"):
         CacheBlendFAISS.load_local(tmp_path, embeddings, allow_dangerous_deserialization=True, engine=tiny_model_dir)
     assert tiny_chat.invoke(messages).response_metadata["blend_stats"]["chunk_hits"] == 2  # its own KV now
-    assert kv_files(tmp_path) | bundled_files == kv_files(tmp_path) and len(kv_files(tmp_path)) == 4
+    assert kv_files(tmp_path) | bundled_files == kv_files(tmp_path) and len(kv_files(tmp_path)) == 4 * RECORDS_PER_CHUNK
     assert all(kv_files(tmp_path)[p] == t for p, t in bundled_files.items())  # the bundled KV untouched
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # the manifest names the bundled model
@@ -180,16 +182,21 @@ def test_kv_store_of_another_model_is_never_reused(tmp_path, engine, embeddings,
 
 
 def test_torn_kv_file_is_recomputed_with_a_warning(tmp_path, embeddings, tiny_model_dir):
-    """Fresh engines (empty memory) on the tiny model, so the torn file is really read."""
+    """Fresh engines (empty memory) on the tiny model, so the torn files are really read. A chunk
+    whose every record is torn is computed; one with an intact record left is served from it."""
     texts = fresh_texts(2, "torn-file")
     writer = BlendEngine.from_pretrained(tiny_model_dir)
     CacheBlendFAISS.from_texts(texts, embeddings, engine=writer).save_local(tmp_path)
-    victim = sorted(kv_files(tmp_path))[0]
-    victim.write_bytes(victim.read_bytes()[: os.path.getsize(victim) // 2])
-    reader = BlendEngine.from_pretrained(tiny_model_dir)
-    CacheBlendFAISS.load_local(tmp_path, embeddings, allow_dangerous_deserialization=True, engine=reader)
-    with pytest.warns(StoreWarning, match="unreadable"):
-        assert lookup(reader, texts) == (1, 1)
+    ids = writer.encode_chunk(texts[0]).ids
+    keys = [chunk_key(writer.fingerprint, ids, LEAD), chunk_key(writer.fingerprint, ids)]  # what it reads first
+    victims = sorted((p for p in kv_files(tmp_path) if p.stem in keys), key=lambda p: keys.index(p.stem))
+    assert len(victims) == RECORDS_PER_CHUNK
+    for n, victim in enumerate(victims):
+        victim.write_bytes(victim.read_bytes()[: os.path.getsize(victim) // 2])
+        reader = BlendEngine.from_pretrained(tiny_model_dir)
+        CacheBlendFAISS.load_local(tmp_path, embeddings, allow_dangerous_deserialization=True, engine=reader)
+        with pytest.warns(StoreWarning, match="unreadable"):
+            assert lookup(reader, texts) == ((1, 1) if n == len(victims) - 1 else (2, 0))
 
 
 NEIGHBOURLY = [
@@ -225,7 +232,8 @@ def test_an_engine_warming_behind_neighbours_gets_them_from_the_faiss_index(engi
     assert nearest(NEIGHBOURLY[-1:]) == [near[NEIGHBOURLY[-1]]]
     for text in NEIGHBOURLY:
         ids = nb.encode_chunk(text).ids
-        context = behind(nb.context_ids, [nb.encode_chunk(t).ids for t in near[text]], len(ids), nb.context_window)
+        placed = behind([nb.encode_chunk(t).ids for t in near[text]], len(nb.context_ids) + len(ids), nb.context_window)
+        context = [*nb.context_ids, *(t for n in placed for t in n)]
         expected = encode_padded(nb.adapter, context, [ids])[0].to(torch.float16)
         stored = nb.stores.get(nb.chunk_keys([text])[0]).kv
         torch.testing.assert_close(stored, expected, atol=1e-3, rtol=1e-3)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kv_records import RECORDS_PER_CHUNK
 from li_corpus import QUESTIONS
 from li_helpers import fresh_documents, kv_files, splitter
 from llama_index.core import VectorStoreIndex
@@ -47,7 +48,7 @@ def test_reloaded_in_a_new_process_reuses_the_stored_kv_without_rewarming(persis
     names = {p.name for p in Path(persist_dir).iterdir()}
     assert {"default__vector_store.json", "docstore.json", "index_store.json", "cacheblend"} <= names
     before = kv_files(kv_store_dir(persist_dir))
-    assert len(before) == 5
+    assert len(before) == 5 * RECORDS_PER_CHUNK
 
     run = subprocess.run(
         [sys.executable, "-c", RELOAD, str(persist_dir), QUESTIONS[0]],
@@ -76,7 +77,7 @@ def test_a_kv_store_written_for_another_model_is_never_reused(tmp_path, tiny_mod
         embed_model=embed_model,
     )
     persist_index(index, tmp_path, other)
-    assert len(kv_files(kv_store_dir(tmp_path))) == 3
+    assert len(kv_files(kv_store_dir(tmp_path))) == 3 * RECORDS_PER_CHUNK
 
     with pytest.warns(ForeignKVStoreWarning, match="other model fingerprints"):
         loaded = load_faiss_index(tmp_path, embed_model, engine=llm.engine)

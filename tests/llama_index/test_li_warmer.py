@@ -13,6 +13,7 @@ from llama_index.core.schema import ImageNode, TextNode
 from cacheblend import DiskStore
 from cacheblend.integrations import ChunkTooLongWarning
 from llama_index_cacheblend import KVCacheWarmer, SkippedNodeWarning, faiss_storage_context, llm_texts
+from kv_records import RECORDS_PER_CHUNK
 
 PNG_B64 = (
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgAAAAAgABVKJPXQAAAABJRU5ErkJggg=="
@@ -31,7 +32,7 @@ def test_pipeline_cache_hit_skips_rewarming_and_a_model_change_invalidates_it(tm
     warmer = KVCacheWarmer(store_dir=store)
     nodes = IngestionPipeline(transformations=[splitter(), warmer], cache=cache).run(documents=docs)
     files = kv_files(store)
-    assert len(files) == len(nodes) == 2
+    assert len(files) == RECORDS_PER_CHUNK * len(nodes) and len(nodes) == 2
     assert stored_texts(warmer) == set(llm_texts(nodes))  # the prompt text, metadata header included
     assert all(n.get_content("llm").startswith("title: ") for n in nodes)
 
@@ -58,7 +59,7 @@ async def test_pipeline_without_cache_is_idempotent_and_leaves_metadata_alone(tm
     pipeline = IngestionPipeline(transformations=[splitter(), warmer], disable_cache=True)
     nodes = await pipeline.arun(documents=docs)  # the async path (acall) warms in a thread
     files = kv_files(warmer.store_dir)
-    assert len(files) == 2
+    assert len(files) == 2 * RECORDS_PER_CHUNK
     again = pipeline.run(documents=docs)
     assert kv_files(warmer.store_dir) == files  # every chunk found: nothing computed or rewritten
     assert [n.metadata for n in again] == [n.metadata for n in nodes] == [d.metadata for d in docs]
@@ -75,7 +76,7 @@ def test_from_documents_and_insert_warm_every_node(tmp_path, embed_model):
         transformations=[splitter(), warmer],
         embed_model=embed_model,
     )
-    assert len(kv_files(warmer.store_dir)) == 2
+    assert len(kv_files(warmer.store_dir)) == 2 * RECORDS_PER_CHUNK
     index.insert(docs[2])  # the index re-runs its transformations, the warmer included
     assert len(index.docstore.docs) == 3
     assert stored_texts(warmer) == set(llm_texts(index.docstore.docs.values()))

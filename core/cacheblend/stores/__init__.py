@@ -10,13 +10,14 @@ batch saves round trips), where every failure is a miss with a ``StoreWarning``.
 
 from .chain import StoreChain
 from .disk import DiskStore
-from .keys import ChunkKey, Fingerprint, chunk_key, model_fingerprint
+from .keys import LEAD, ChunkKey, Fingerprint, chunk_key, model_fingerprint
 from .memory import MemoryStore
 from .record import LAYOUT_VERSION, ChunkRecord, StoreWarning
 from .redis import RedisStore
 
 __all__ = [
     "LAYOUT_VERSION",
+    "LEAD",
     "ChunkKey",
     "ChunkRecord",
     "DiskStore",

@@ -84,10 +84,19 @@ def _stable_config(config: Any) -> dict:
     return {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in volatile}
 
 
-def chunk_key(fingerprint: Fingerprint, ids: Sequence[int]) -> ChunkKey:
-    """sha256 over the fingerprint, the layout version and the chunk's token ids (int32 LE)."""
+LEAD = "lead"  # the variant of a chunk's KV computed behind the chunk context alone (see chunk_key)
+
+
+def chunk_key(fingerprint: Fingerprint, ids: Sequence[int], variant: str = "") -> ChunkKey:
+    """sha256 over the fingerprint, the layout version, the variant and the chunk's token ids (int32 LE).
+
+    ``variant`` names a second record of the same chunk under the same fingerprint: ``"lead"`` is
+    its KV computed behind the chunk context alone, kept by engines that warm behind neighbours for
+    the prompt's first chunk (``BlendConfig.lead_alone``). The plain key (no variant) is unchanged."""
     h = hashlib.sha256()
     h.update(fingerprint.encode())
     h.update(f"|layout={LAYOUT_VERSION}|".encode())
+    if variant:
+        h.update(f"variant={variant}|".encode())
     h.update(torch.tensor(list(ids), dtype=torch.int32).numpy().astype("<i4").tobytes())
     return ChunkKey(h.hexdigest())
