@@ -19,11 +19,13 @@ from pathlib import Path
 
 def family(name: str) -> tuple[str, float]:
     """(curve label, recompute ratio) of a select_eval method name."""
-    m = re.fullmatch(r"(nb\d+ )?(deviation|reuse)(?: (\d+)%)?", name)
+    m = re.fullmatch(r"(nb\d+ )?(plain )?(deviation|reuse)(?: (\d+)%)?", name)
     if m:
         k = m.group(1).strip()[2:] if m.group(1) else "0"
         warm = "warmed alone (CacheBlend)" if k == "0" else f"warmed behind {k} neighbour{'s' * (k != '1')}"
-        ratio = 0.0 if m.group(2) == "reuse" else int(m.group(3) or 15) / 100
+        if k != "0":
+            warm += " for every chunk" if m.group(2) else ", first chunk's KV warmed alone"
+        ratio = 0.0 if m.group(3) == "reuse" else int(m.group(4) or 15) / 100
         return f"deviation, {warm}", ratio
     names = {"chunk_start": "chunk start, warmed alone (EPIC)", "random": "random, warmed alone"}
     return names.get(name, name), 0.15

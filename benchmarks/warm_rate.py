@@ -7,7 +7,8 @@ Takes ``--chunks`` pydoc passages (~384-512 tokens each) and times, alternately:
 - equal-length: ``encode_grouped`` (equal-length sub-batches, causal kernel), the alternative;
 - full prefill: one prefill over the same tokens concatenated in groups of 6 (~3,000 tokens,
   the size of a benchmark prompt).
-- ``engine.warm`` alone and behind 1 neighbour (the default): the whole warming path.
+- ``engine.warm`` alone, behind 1 neighbour, and behind 1 neighbour with lead records (the
+  default: each chunk's KV warmed alone is kept too): the whole warming path.
 Prints the median rate of each in chunk tokens/s, and in tokens computed per second (for
 ``engine.warm``: each chunk's context and neighbour included; for the others, chunk tokens).
 """
@@ -57,18 +58,22 @@ def main() -> None:
     texts = [p.text for p in passages[: args.chunks]]
     computed: dict[str, int] = {}
 
-    def warm_with(k: int):
+    def warm_with(name: str, config: BlendConfig):
         # fresh memory-only engines, built before timing (building one digests the weights)
-        fresh = [BlendEngine(model.model, engine.tokenizer, config=BlendConfig(neighbours=k)) for _ in range(args.repeats)]
+        fresh = [BlendEngine(model.model, engine.tokenizer, config=config) for _ in range(args.repeats)]
 
         def run():  # the whole engine.warm path
             eng = fresh.pop()
             eng.warm(texts, progress=False)
-            computed[f"engine.warm, {k} neighbour(s)"] = eng.tokens_warmed
-        return run
+            computed[name] = eng.tokens_warmed
+        return name, run
 
-    runs = {"warming (encode_padded)": padded, "equal-length (encode_grouped)": warming, "full prefill": full,
-            "engine.warm, 0 neighbour(s)": warm_with(0), "engine.warm, 1 neighbour(s)": warm_with(1)}
+    runs = {"warming (encode_padded)": padded, "equal-length (encode_grouped)": warming, "full prefill": full}
+    runs.update([
+        warm_with("engine.warm, alone", BlendConfig(neighbours=0)),
+        warm_with("engine.warm, 1 neighbour, no lead records", BlendConfig(neighbours=1, lead_alone=False)),
+        warm_with("engine.warm, 1 neighbour + lead records (the default)", BlendConfig()),
+    ])
     rates: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.repeats):
         for name, fn in runs.items():

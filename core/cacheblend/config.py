@@ -44,8 +44,9 @@ class BlendConfig:
             chunk context alone (a second record, the ``lead`` variant), and the prompt's first chunk
             reads that one: nothing but the prompt's head precedes it, so KV that has seen a
             neighbour would carry a passage the prompt does not hold. Later chunks read the KV
-            warmed behind neighbours. On the development fact set this cuts the KL of the blend to
-            full prefill by about 40% at the same TTFT (docs/TUNING.md); it costs a second record
+            warmed behind neighbours. At the same TTFT this cut the KL of the blend to full prefill
+            by 39% on the development fact set and 10% on development pydoc prompts
+            (docs/TUNING.md); it costs a second record
             per chunk (twice the store bytes) and little warm time (a chunk's alone KV comes free
             from warming the chunk that has it as neighbour; the others are batched alone).
         kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and
