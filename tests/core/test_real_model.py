@@ -70,8 +70,9 @@ def alone_engine(real_engine):
 
 
 def test_fact_lookups_keep_most_answers_full_prefill_gets_right(real_engine, alone_engine):
-    """The default (15%, chunks warmed behind a neighbour) keeps at least as many of the answers
-    full prefill gets right as CacheBlend (chunks warmed alone) and more than full reuse."""
+    """The default (15%, chunks warmed behind a neighbour, the first chunk's KV warmed alone) keeps
+    more of the answers full prefill gets right than reordering the passages does (10 of 16), at
+    least as many as CacheBlend (chunks warmed alone), and more than full reuse."""
     texts = [passage(i) for i in range(len(FACTS))]
     real_engine.warm(texts)
     alone_engine.warm(texts)
@@ -88,10 +89,11 @@ def test_fact_lookups_keep_most_answers_full_prefill_gets_right(real_engine, alo
             kept["alone reuse"].append(correct(alone_engine.generate(**req, recompute_ratio=0.0).text, answers))
     assert sum(full_ok) >= n // 2, "the bundled model should answer most of these with full prefill"
     share = {k: statistics.mean(v) for k, v in kept.items()}
-    # Measured (benchmarks/facts.py): 16 right with full prefill; kept 10 with neighbour-aware
-    # warming, 8 with chunks alone, 6 with full reuse; reordering the passages under full
-    # prefill keeps 10. See docs/TUNING.md.
-    assert share["default"] >= 0.55, share
+    # Measured (benchmarks/facts.py): 16 right with full prefill; kept 12 with the default
+    # (neighbour-aware warming, the first chunk's KV warmed alone), 10 without lead records,
+    # 8 with chunks alone, 6 with full reuse; reordering the passages under full prefill keeps 10.
+    # See docs/TUNING.md. 0.65 = at least 11 of 16: more than a mere reordering keeps.
+    assert share["default"] >= 0.65, share
     assert share["default"] >= share["alone"] > share["alone reuse"], share
 
 

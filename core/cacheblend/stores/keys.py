@@ -1,6 +1,9 @@
 """Content-addressed keys: the model fingerprint and chunk keys. Never Python ``hash()``.
 
-A chunk key is sha256 over (fingerprint, layout version, the chunk's token ids). The fingerprint
+A chunk key is sha256 over (fingerprint, layout version, variant, the chunk's token ids); the
+variant is empty except for a chunk's ``lead`` record (its KV warmed alone, kept beside the KV
+warmed behind neighbours for a prompt's first chunk), so plain keys are those of every earlier
+version. The fingerprint
 covers everything that changes a chunk's KV: model config and weights, tokenizer, compute and KV
 dtypes, the context tokens each chunk is computed behind, and how many similar passages it is
 computed behind (``BlendConfig.neighbours``; which ones depends on the corpus it was warmed in,
