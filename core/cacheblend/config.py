@@ -47,7 +47,7 @@ class BlendConfig:
             warmed behind neighbours. At the same TTFT this cut the KL of the blend to full prefill
             by 39% on the development fact set and 10% on development pydoc prompts
             (docs/TUNING.md); it costs a second record
-            per chunk (twice the store bytes) and about 13% of warm time (a chunk's alone KV comes
+            per chunk (twice the store bytes) and about 8% of warm time (a chunk's alone KV comes
             free from warming the chunk that has it as neighbour; the others are batched alone).
         kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and
             Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16);
