@@ -166,13 +166,17 @@ class BlendEngine:
 
     def chunk_keys(self, texts: Iterable[str]) -> list[ChunkKey]:
         """The store keys of ``texts`` (no compute): e.g. to see which a store already holds."""
-        return [chunk_key(self.fingerprint, self.encode_chunk(clean_chunk(t)).ids) for t in texts]
+        return [self.record_keys(self.encode_chunk(clean_chunk(t)).ids)[0] for t in texts]
+
+    def record_keys(self, ids: Sequence[int]) -> tuple[ChunkKey, ChunkKey | None]:
+        """The store keys of a chunk's records: its KV as warmed (behind neighbours, if any), and
+        with ``lead_alone`` its KV warmed alone for the prompts it leads (else None)."""
+        return chunk_key(self.fingerprint, ids), chunk_key(self.fingerprint, ids, LEAD) if self.lead_alone else None
 
     def is_warm(self, text: str) -> bool:
         """Whether the KV of ``text`` (both its records, with ``lead_alone``) is in memory or an
         attached store (no compute)."""
-        ids = self.encode_chunk(clean_chunk(text)).ids
-        keys = [chunk_key(self.fingerprint, ids)] + ([chunk_key(self.fingerprint, ids, LEAD)] if self.lead_alone else [])
+        keys = [k for k in self.record_keys(self.encode_chunk(clean_chunk(text)).ids) if k is not None]
         with self._lock:
             return all(key in self.stores for key in keys)
 
@@ -262,13 +266,11 @@ class BlendEngine:
         """The stored KV of a prompt's chunks, in prompt order. With ``lead_alone`` the first chunk
         reads its ``lead`` record (warmed alone) and the others their records warmed behind
         neighbours; a chunk lacking the record its place asks for uses its other one."""
-        if not self.lead_alone:
-            return self.stores.get_many([chunk_key(self.fingerprint, ids) for ids in chunks])
-        variants = [LEAD if i == 0 else "" for i in range(len(chunks))]
-        records = self.stores.get_many([chunk_key(self.fingerprint, ids, v) for ids, v in zip(chunks, variants)])
-        missing = [i for i, r in enumerate(records) if r is None]
+        keys = [self.record_keys(ids) for ids in chunks]  # (as warmed, lead or None) per chunk
+        records = self.stores.get_many([lead if i == 0 and lead else plain for i, (plain, lead) in enumerate(keys)])
+        missing = [i for i, r in enumerate(records) if r is None and keys[i][1]]
         if missing:
-            other = [chunk_key(self.fingerprint, chunks[i], "" if variants[i] else LEAD) for i in missing]
+            other = [keys[i][1] if i else keys[i][0] for i in missing]
             for i, record in zip(missing, self.stores.get_many(other)):
                 records[i] = record
         return records

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from .blending.encode import encode_padded
 from .neighbours import behind
 from .prompts.request import clean_chunk
-from .stores import LEAD, ChunkKey, ChunkRecord, DiskStore, chunk_key, compact
+from .stores import ChunkKey, ChunkRecord, DiskStore, compact
 
 if TYPE_CHECKING:
     from .engine import BlendEngine
@@ -48,8 +48,7 @@ def prepare(engine: BlendEngine, texts) -> list[WarmChunk]:
         ids = engine.encode_chunk(text).ids
         if len(ids) > room:
             raise ValueError(f"a chunk of {len(ids)} tokens exceeds the context window ({room}): {text[:60]!r}...")
-        lead = chunk_key(engine.fingerprint, ids, LEAD) if engine.lead_alone else None
-        chunks.append(WarmChunk(text, ids, chunk_key(engine.fingerprint, ids), lead))
+        chunks.append(WarmChunk(text, ids, *engine.record_keys(ids)))
     return chunks
 
 
@@ -157,7 +156,7 @@ def _encode(
     out, free = [], []
     base = len(engine.context_ids)
     for (ctx, first), chunk in zip(contexts, batch):
-        lead = leads.pop(chunk_key(engine.fingerprint, first, LEAD), None) if first is not None and leads else None
+        lead = leads.pop(engine.record_keys(first)[1], None) if first is not None and leads else None
         if lead is None:
             out.append(encode_padded(engine.adapter, ctx, [chunk.ids])[0])
             continue

@@ -7,11 +7,14 @@ forward for all active sequences (``SlotKV.step``).
 Prefills go first, as in vLLM's scheduler: before each decode step the thread admits waiting
 requests while slots are free, until the prefills of this round have computed
 ``max_prefill_tokens`` tokens (at least one request per round). A blended prefill computes about
-a fifth of its prompt (15% of its chunks and every uncached token), so requests that arrive together are all admitted before the batch moves
-on, and none waits behind the others' decode steps; full prefills use the budget faster, which
-bounds how long one round stalls the streams already decoding (the same role as vLLM's
-``max_num_batched_tokens``). Blended prefills are not padded into one batched forward: on a CPU
-a forward is compute-bound, so batching them would save no time, only add padding. Calls such as warming run on the same thread, so the model is
+a fifth of its prompt (15% of its chunks and every uncached token), so requests that arrive
+together are all admitted before the batch moves on, and none waits behind the others' decode
+steps; full prefills use the budget faster, which bounds how long one round stalls the streams
+already decoding (the same role as vLLM's ``max_num_batched_tokens``). Blended prefills are not
+padded into one batched forward: on a CPU a forward is compute-bound, so batching them would
+save no time, only add padding.
+
+Calls such as warming run on the same thread, so the model is
 never used by two threads at once. The ASGI side submits jobs and reads their events from an
 asyncio queue fed with ``call_soon_threadsafe``; it cancels a job by setting ``job.cancelled``,
 which frees the job's slot before the next step.
