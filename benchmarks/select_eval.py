@@ -64,7 +64,7 @@ METHODS = {
 # neighbour-aware warming: chunks computed behind their K most similar passages of the pool
 for _k in (1, 2, 4):
     METHODS[f"nb{_k} reuse"] = (BlendConfig(ratios=(0.0,), neighbours=_k), None)
-    for _r in (5, 15, 30):
+    for _r in (5, 15, 30, 50, 70):
         _suffix = "" if _r == 15 else f" {_r}%"
         METHODS[f"nb{_k} deviation{_suffix}"] = (BlendConfig(ratios=(_r / 100,), neighbours=_k), None)
     METHODS[f"nb{_k} q+d 0.5"] = (BlendConfig(neighbours=_k), CombinedSelector(0.5))
@@ -88,25 +88,57 @@ for _ladder in ("0-1", "0-2", "0-1-2", "1-2"):
         _steps = tuple(int(x) for x in _ladder.split("-"))
         LADDERS[f"ladder {_ladder} {_how}"] = _steps
         METHODS[f"ladder {_ladder} {_how}"] = METHODS[f"nb{max(_steps)} {_how}"]
+# sensitivity references, not blends: full prefill of the same passages in another order (how far
+# a 135M model's answer moves when nothing but the passage order changes)
+REORDERS = {
+    "full reversed": lambda chunks: chunks[::-1],
+    "full rotated": lambda chunks: chunks[1:] + chunks[:1],  # the first passage moved last
+}
+for _name in REORDERS:
+    METHODS[_name] = (BlendConfig(ratios=(1.0,), neighbours=0), None)
 
 
-def examples(dataset: str, split: str, count: int, engine) -> list:
-    """Question/passages/answers examples of ``dataset`` for ``split`` (dev or report only)."""
+class OracleSelector:
+    """Not a product selector: it needs full prefill. Picks the reused tokens whose KV under full
+    reuse differs most from full prefill's, summed over every layer (V): what the check-layer
+    deviation tries to predict. If it is no better than ``deviation``, the selection is not what
+    limits the blend at that budget."""
+
+    needs_query = False
+
+    def __init__(self) -> None:
+        self.score: torch.Tensor | None = None  # [prompt tokens], set per prompt by run()
+
+    def set_reference(self, full, reuse) -> None:
+        self.score = sum((f[1][0].float() - r[1][0].float()).pow(2).sum((0, 2)) for f, r in zip(full.output.kv, reuse.output.kv))
+
+    def __call__(self, cand, budget: int) -> torch.Tensor:
+        scores = self.score[cand.positions.long()]
+        return torch.topk(scores, max(0, min(budget, scores.numel())), sorted=False).indices
+
+
+for _k in (0, 1):
+    METHODS["oracle" if _k == 0 else f"nb{_k} oracle"] = (BlendConfig(neighbours=_k), OracleSelector())
+
+
+def examples(dataset: str, split: str, count: int, engine, start: int = 0) -> list:
+    """Question/passages/answers examples of ``dataset`` for ``split`` (dev or report only), from
+    the split's ``start``-th example on."""
     if dataset == "facts":
-        return questions(split, count)
+        return questions(split, start + count)[start:]
     if dataset == "pydoc":  # seed 1 is the development split, seed 0 the reporting split
         passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
-        return pydoc_workload(passages, count, 6, seed=1 if split == "dev" else 0)
+        return pydoc_workload(passages, start + count, 6, seed=1 if split == "dev" else 0)[start:]
     data = load_musique(dataset, 6)  # examples 0-49 are the development split, 50-149 reporting
-    return data[:50][:count] if split == "dev" else data[50:150][:count]
+    return (data[:50] if split == "dev" else data[50:150])[start : start + count]
 
 
-def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print) -> dict[str, dict]:
+def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print, start: int = 0) -> dict[str, dict]:
     shared = shared_engine()
     model, tok = shared.adapter.model, shared.tokenizer
     room = 8 << 30  # every chunk of a large pool stays in memory (MuSiQue's 30 prompts hold ~2.2 GB of fp16 KV)
     engine = BlendEngine(model, tok, config=C, memory_bytes=room)  # chunks alone
-    qs = examples(dataset, split, count, engine)
+    qs = examples(dataset, split, count, engine, start)
     pool = sorted({p for q in qs for p in q.passages})
     engines = {0: engine}
     needed = {METHODS[n][0].neighbours for n in names} | {k for n in names for k in LADDERS.get(n, ())}
@@ -137,8 +169,11 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
             for name in names:
                 cfg, sel = METHODS[name]
                 eng = ladders.get(name) or views.get(name) or engines[cfg.neighbours]
+                if isinstance(sel, OracleSelector):
+                    eng.config, eng.selector = cfg.with_ratio(0.0), None
+                    sel.set_reference(full, eng.prefill(**req))
                 eng.config, eng.selector = cfg, sel
-                pre = eng.prefill(**req)
+                pre = eng.prefill(**dict(req, chunks=REORDERS[name](q.passages))) if name in REORDERS else eng.prefill(**req)
                 kl, top1, same = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
                 text = ref.text if same else engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP).text
                 share = pre.stats.recomputed_tokens / pre.stats.prompt_tokens
@@ -146,7 +181,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
                 f1 = token_f1(text, ref.text)
                 _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio))
             if (i + 1) % 10 == 0 and i + 1 < len(qs):  # partial tables: a long run can be cut short
-                log(f"{table(rows)}\n{time.time() - started:.0f} s\n", flush=True)
+                log(f"{table(summarize(rows))}\n{time.time() - started:.0f} s\n", flush=True)
     finally:
         engine.config, engine.selector = default_cfg, None
     return rows
@@ -187,21 +222,48 @@ def _record(row: dict, values: tuple) -> None:
         row[key].append(value)
 
 
-def table(rows: dict[str, dict]) -> str:
+def summarize(rows: dict[str, dict]) -> dict[str, dict]:
+    """Per method: the mean of every measure over the questions (the median for prefill time),
+    with ``kept`` (answers full prefill gets right that the method also gets right; None without
+    gold answers) and ``count``."""
     full = rows["full prefill"]["right"]
-    graded = full[0] is not None
-    n, k = len(full), sum(full) if graded else 0
-    head = "| method | accuracy | kept (of %d) | same answer | answer F1 vs full | top-1 agreement | mean KL | recomputed | prefill time vs full |" % k
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    out = {}
     for name, r in rows.items():
-        acc = f"{statistics.mean(r['right']):.3f}" if graded else "-"
-        kept = sum(bool(a and b) for a, b in zip(full, r["right"])) if graded else "-"
+        means = {k: (statistics.median(v) if k == "time" else statistics.mean(v)) if v and v[0] is not None else None for k, v in r.items()}
+        kept = sum(bool(a and b) for a, b in zip(full, r["right"])) if full and full[0] is not None else None
+        out[name] = {**means, "kept": kept, "count": len(r["kl"])}
+    return out
+
+
+def merge(parts: list[dict]) -> dict[str, dict]:
+    """One summary from the summaries of runs over disjoint questions, for the methods every run
+    has: means weighted by each run's question count, ``kept`` and ``count`` summed. Prefill time
+    is a median per run; the merge weights those medians like the means (a rough guide, as in
+    each run)."""
+    names = [n for n in parts[0] if all(n in p for p in parts)]
+    out = {}
+    for name in names:
+        rs = [p[name] for p in parts]
+        n = sum(r["count"] for r in rs)
+        out[name] = {k: None if rs[0][k] is None else sum(r[k] * r["count"] for r in rs) / n for k in rs[0] if k not in ("kept", "count")}
+        out[name]["kept"] = None if rs[0]["kept"] is None else sum(r["kept"] for r in rs)
+        out[name]["count"] = n
+    return out
+
+
+def table(summary: dict[str, dict]) -> str:
+    full = summary["full prefill"]
+    graded = full["kept"] is not None
+    head = "| method | accuracy | kept (of %s) | same answer | answer F1 vs full | top-1 agreement | mean KL | recomputed | prefill time vs full |" % (full["kept"] if graded else 0)
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in summary.items():
+        acc = f"{r['right']:.3f}" if graded else "-"
+        kept = r["kept"] if graded else "-"
         lines.append(
-            f"| {name} | {acc} | {kept} | {statistics.mean(r['agree']):.3f} | {statistics.mean(r['f1']):.3f} "
-            f"| {statistics.mean(r['top1']):.3f} | {statistics.mean(r['kl']):.4f} | {statistics.mean(r['share']):.1%} "
-            f"| {statistics.median(r['time']):.2f} |"
+            f"| {name} | {acc} | {kept} | {r['agree']:.3f} | {r['f1']:.3f} "
+            f"| {r['top1']:.3f} | {r['kl']:.4f} | {r['share']:.1%} | {r['time']:.2f} |"
         )
-    return "\n".join(lines) + f"\n\n{n} questions"
+    return "\n".join(lines) + f"\n\n{full['count']} questions"
 
 
 def main() -> None:
@@ -209,11 +271,28 @@ def main() -> None:
     ap.add_argument("--dataset", default="facts", help="facts, pydoc, or a MuSiQue-format JSON path")
     ap.add_argument("--split", default="dev", choices=("dev", "report"))
     ap.add_argument("--count", type=int, default=120)
+    ap.add_argument("--start", type=int, default=0, help="skip the split's first START examples")
     ap.add_argument("--methods", default="reuse,deviation,random,chunk_start")
     ap.add_argument("--answer-tokens", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 suits shared CPUs)")
     ap.add_argument("--json", default=None, help="also write the per-method means here (benchmarks/frontier.py plots them)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: print one table from --json files of runs over disjoint questions (and write it to --json)")
     args = ap.parse_args()
+    if args.merge:
+        runs = [json.loads(Path(p).read_text()) for p in args.merge]
+        for r in runs:  # runs saved before kept/count were kept per method
+            for m in r["methods"].values():
+                m.setdefault("count", r["meta"]["count"])
+                m.setdefault("kept", None)
+        if len({(r["meta"]["dataset"], r["meta"]["split"]) for r in runs}) != 1:
+            raise SystemExit("the runs to merge must be of one dataset and split")
+        merged = merge([r["methods"] for r in runs])
+        print(table(merged))
+        if args.json:
+            meta = dict(runs[0]["meta"], start=min(r["meta"].get("start", 0) for r in runs), count=merged["full prefill"]["count"], merged=args.merge)
+            Path(args.json).write_text(json.dumps({"meta": meta, "methods": merged}, indent=2))
+        return
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     names = args.methods.split(",")
@@ -221,13 +300,12 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
     started = time.time()
-    rows = run(args.dataset, args.split, args.count, names, args.answer_tokens)
-    print(table(rows))
+    rows = run(args.dataset, args.split, args.count, names, args.answer_tokens, start=args.start)
+    summary = summarize(rows)
+    print(table(summary))
     print(f"{args.dataset}, {args.split} split, {time.time() - started:.0f} s")
     if args.json:
-        summary = {name: {k: (statistics.median(v) if k == "time" else statistics.mean(v)) if v and v[0] is not None else None
-                          for k, v in r.items()} for name, r in rows.items()}
-        meta = {"dataset": Path(args.dataset).stem, "split": args.split, "count": len(rows["full prefill"]["kl"])}
+        meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": len(rows["full prefill"]["kl"])}
         Path(args.json).write_text(json.dumps({"meta": meta, "methods": summary}, indent=2))
 
 
