@@ -22,6 +22,7 @@ import torch
 
 from cacheblend import BlendConfig, BlendEngine, shared_engine
 from cacheblend.stores import chunk_key
+from cacheblend.stores.record import ChunkRecord
 from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import token_f1
@@ -88,6 +89,11 @@ for _ladder in ("0-1", "0-2", "0-1-2", "1-2"):
         _steps = tuple(int(x) for x in _ladder.split("-"))
         LADDERS[f"ladder {_ladder} {_how}"] = _steps
         METHODS[f"ladder {_ladder} {_how}"] = METHODS[f"nb{max(_steps)} {_how}"]
+# context extrapolation: every chunk after the first reads lead + A * (warmed behind 1 neighbour -
+# lead), A != 1 pushing its KV further from (A > 1) or back toward (A < 1) its KV warmed alone
+MIXES = {f"nb1 mix {_a}": _a for _a in (0.5, 1.5, 2.0)}
+for _name in MIXES:
+    METHODS[_name] = METHODS["nb1 deviation"]
 # sensitivity references, not blends: full prefill of the same passages in another order (how far
 # a 135M model's answer moves when nothing but the passage order changes)
 REORDERS = {
@@ -149,6 +155,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         eng.warm(pool, progress=False)
         log(f"warmed {len(pool)} passages behind {k} neighbours in {time.time() - started:.0f} s", flush=True)
     ladders = {n: _ladder_engine(LADDERS[n], engines, model, tok) for n in names if n in LADDERS}
+    ladders.update({n: _mix_engine(MIXES[n], engines[1], model, tok) for n in names if n in MIXES})
     views = {}  # plain methods: an engine without lead records over the same stores
     for n in names:
         if METHODS[n][0].neighbours and not METHODS[n][0].lead_alone:
@@ -198,6 +205,26 @@ def _ladder_engine(steps: tuple[int, ...], engines: dict, model, tok) -> BlendEn
 
     ladder._lookup = lookup
     return ladder
+
+
+def _mix_engine(alpha: float, warmed: BlendEngine, model, tok) -> BlendEngine:
+    """An engine over ``warmed``'s records (1 neighbour, with lead records) whose chunks after the
+    first read ``lead + alpha * (plain - lead)``."""
+    mixed = BlendEngine(model, tok, config=warmed.config, memory_bytes=1 << 20)
+
+    def lookup(chunks):
+        records = []
+        for i, ids in enumerate(chunks):
+            plain, lead = (warmed.stores.get(k) for k in warmed.record_keys(ids))
+            if i == 0:
+                records.append(lead)
+                continue
+            kv = lead.kv.float() + alpha * (plain.kv.float() - lead.kv.float())
+            records.append(ChunkRecord(plain.key, kv.to(plain.kv.dtype), plain.text))
+        return records
+
+    mixed._lookup = lookup
+    return mixed
 
 
 def _right(text: str, answers: list[str]) -> float | None:
