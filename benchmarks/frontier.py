@@ -27,8 +27,15 @@ def family(name: str) -> tuple[str, float]:
             warm += " for every chunk" if m.group(2) else ", first chunk's KV warmed alone"
         ratio = 0.0 if m.group(3) == "reuse" else int(m.group(4) or 15) / 100
         return f"deviation, {warm}", ratio
-    names = {"chunk_start": "chunk start, warmed alone (EPIC)", "random": "random, warmed alone"}
-    return names.get(name, name), 0.15
+    names = {
+        "chunk_start": "chunk start, warmed alone (EPIC)",
+        "random": "random, warmed alone",
+        "full reversed": "full prefill, passages reversed (reference)",
+        "full rotated": "full prefill, first passage moved last (reference)",
+        "oracle": "oracle selection, warmed alone",
+        "nb1 oracle": "oracle selection, default warming",
+    }
+    return names.get(name, name), 1.0 if name.startswith("full ") else 0.15
 
 
 def main() -> None:
