@@ -45,9 +45,11 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     out, paths = Path(sys.argv[1]), sys.argv[2:]
-    fig, axes = plt.subplots(2, len(paths), figsize=(5.2 * len(paths), 7.5), squeeze=False)
-    for col, path in enumerate(paths):
-        data = json.loads(Path(path).read_text())
+    runs = [json.loads(Path(path).read_text()) for path in paths]
+    labels = sorted({family(n)[0] for data in runs for n in data["methods"] if n != "full prefill"})
+    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}  # one colour per method in every panel
+    fig, axes = plt.subplots(2, len(paths), figsize=(5.2 * len(paths), 8.2), squeeze=False)
+    for col, data in enumerate(runs):
         curves: dict[str, list[tuple[float, float, float]]] = {}
         for name, row in data["methods"].items():
             if name == "full prefill" or not row["time"]:
@@ -58,15 +60,16 @@ def main() -> None:
             points.sort()
             style = "o-" if len(points) > 1 else "s"
             for row, key in ((0, 2), (1, 3)):
-                axes[row][col].plot([p[1] for p in points], [p[key] for p in points], style, label=label)
+                axes[row][col].plot([p[1] for p in points], [p[key] for p in points], style, color=colours[label], label=label)
         meta = data["meta"]
         axes[0][col].set(title=f"{meta['dataset']} ({meta['split']} split, {meta['count']} prompts)",
                          ylabel="mean KL vs full prefill (lower is better)")
         axes[0][col].set_ylim(bottom=0)
         axes[1][col].set(xlabel="prefill speedup over full prefill", ylabel="answer F1 vs full prefill")
         axes[1][col].set_ylim(0, 1.02)
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    fig.legend([handles[label] for label in labels], labels, loc="lower center", ncol=2, fontsize=8)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
 
