@@ -188,7 +188,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
                 f1 = token_f1(text, ref.text)
                 _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio))
             if (i + 1) % 10 == 0 and i + 1 < len(qs):  # partial tables: a long run can be cut short
-                log(f"{table(summarize(rows))}\n{time.time() - started:.0f} s\n", flush=True)
+                log(f"{table(summarize(rows), i + 1)}\n{time.time() - started:.0f} s\n", flush=True)
     finally:
         engine.config, engine.selector = default_cfg, None
     return rows
@@ -252,33 +252,32 @@ def _record(row: dict, values: tuple) -> None:
 def summarize(rows: dict[str, dict]) -> dict[str, dict]:
     """Per method: the mean of every measure over the questions (the median for prefill time),
     with ``kept`` (answers full prefill gets right that the method also gets right; None without
-    gold answers) and ``count``."""
+    gold answers)."""
     full = rows["full prefill"]["right"]
     out = {}
     for name, r in rows.items():
         means = {k: (statistics.median(v) if k == "time" else statistics.mean(v)) if v and v[0] is not None else None for k, v in r.items()}
         kept = sum(bool(a and b) for a, b in zip(full, r["right"])) if full and full[0] is not None else None
-        out[name] = {**means, "kept": kept, "count": len(r["kl"])}
+        out[name] = {**means, "kept": kept}
     return out
 
 
-def merge(parts: list[dict]) -> dict[str, dict]:
-    """One summary from the summaries of runs over disjoint questions, for the methods every run
-    has: means weighted by each run's question count, ``kept`` and ``count`` summed. Prefill time
-    is a median per run; the merge weights those medians like the means (a rough guide, as in
-    each run)."""
-    names = [n for n in parts[0] if all(n in p for p in parts)]
+def merge(parts: list[tuple[int, dict]]) -> dict[str, dict]:
+    """One summary from the (question count, summary) of runs over disjoint questions, for the
+    methods every run has: means weighted by the question counts, ``kept`` summed (None where a
+    run has none). Prefill time is a median per run; the merge weights those medians like the
+    means (a rough guide, as in each run)."""
+    total = sum(n for n, _ in parts)
     out = {}
-    for name in names:
-        rs = [p[name] for p in parts]
-        n = sum(r["count"] for r in rs)
-        out[name] = {k: None if rs[0][k] is None else sum(r[k] * r["count"] for r in rs) / n for k in rs[0] if k not in ("kept", "count")}
-        out[name]["kept"] = None if rs[0]["kept"] is None else sum(r["kept"] for r in rs)
-        out[name]["count"] = n
+    for name in [m for m in parts[0][1] if all(m in s for _, s in parts)]:
+        rs = [(n, s[name]) for n, s in parts]
+        out[name] = {k: None if v is None else sum(n * r[k] for n, r in rs) / total for k, v in rs[0][1].items() if k != "kept"}
+        kept = [r.get("kept") for _, r in rs]
+        out[name]["kept"] = None if None in kept else sum(kept)
     return out
 
 
-def table(summary: dict[str, dict]) -> str:
+def table(summary: dict[str, dict], count: int) -> str:
     full = summary["full prefill"]
     graded = full["kept"] is not None
     head = "| method | accuracy | kept (of %s) | same answer | answer F1 vs full | top-1 agreement | mean KL | recomputed | prefill time vs full |" % (full["kept"] if graded else 0)
@@ -290,7 +289,7 @@ def table(summary: dict[str, dict]) -> str:
             f"| {name} | {acc} | {kept} | {r['agree']:.3f} | {r['f1']:.3f} "
             f"| {r['top1']:.3f} | {r['kl']:.4f} | {r['share']:.1%} | {r['time']:.2f} |"
         )
-    return "\n".join(lines) + f"\n\n{full['count']} questions"
+    return "\n".join(lines) + f"\n\n{count} questions"
 
 
 def main() -> None:
@@ -308,16 +307,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.merge:
         runs = [json.loads(Path(p).read_text()) for p in args.merge]
-        for r in runs:  # runs saved before kept/count were kept per method
-            for m in r["methods"].values():
-                m.setdefault("count", r["meta"]["count"])
-                m.setdefault("kept", None)
         if len({(r["meta"]["dataset"], r["meta"]["split"]) for r in runs}) != 1:
             raise SystemExit("the runs to merge must be of one dataset and split")
-        merged = merge([r["methods"] for r in runs])
-        print(table(merged))
+        merged, count = merge([(r["meta"]["count"], r["methods"]) for r in runs]), sum(r["meta"]["count"] for r in runs)
+        print(table(merged, count))
         if args.json:
-            meta = dict(runs[0]["meta"], start=min(r["meta"].get("start", 0) for r in runs), count=merged["full prefill"]["count"], merged=args.merge)
+            meta = dict(runs[0]["meta"], start=min(r["meta"].get("start", 0) for r in runs), count=count, merged=args.merge)
             Path(args.json).write_text(json.dumps({"meta": meta, "methods": merged}, indent=2))
         return
     torch.manual_seed(0)
@@ -328,11 +323,11 @@ def main() -> None:
         raise SystemExit(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
     started = time.time()
     rows = run(args.dataset, args.split, args.count, names, args.answer_tokens, start=args.start)
-    summary = summarize(rows)
-    print(table(summary))
+    summary, count = summarize(rows), len(rows["full prefill"]["kl"])
+    print(table(summary, count))
     print(f"{args.dataset}, {args.split} split, {time.time() - started:.0f} s")
     if args.json:
-        meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": len(rows["full prefill"]["kl"])}
+        meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": count}
         Path(args.json).write_text(json.dumps({"meta": meta, "methods": summary}, indent=2))
 
 
