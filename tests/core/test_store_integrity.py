@@ -126,10 +126,12 @@ def test_catalogue_is_rebuilt_from_record_headers(tmp_path, loss):
 
 
 def _read_only_checks(root: str) -> None:
-    """As uid 65534 in a forked child: reads work, writes warn once, a bad record stays a miss."""
-    os.setgid(65534)
-    os.setuid(65534)
-    assert os.geteuid() == 65534
+    """In a forked child, as a user who cannot write the store (root drops to uid 65534 first: root
+    writes through any mode bits): reads work, writes warn once, a bad record stays a miss."""
+    if os.geteuid() == 0:
+        os.setgid(65534)
+        os.setuid(65534)
+    assert os.geteuid() != 0 and not os.access(root, os.W_OK)
     torch.manual_seed(0)
     good = record("aa" * 32)
     store = DiskStore(root, FP)
@@ -144,8 +146,14 @@ def _read_only_checks(root: str) -> None:
     assert store.get("cc" * 32) is None and Path(store.path("bb" * 32)).exists()
 
 
+def _make_read_only(root: Path) -> None:
+    """Write bits off everywhere (what a plain user's read-only store is; root ignores them)."""
+    for p in [root, *root.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~0o222)
+
+
 def test_read_only_store_as_a_non_root_user():
-    root = tempfile.mkdtemp(prefix="cb-ro-")
+    root = tempfile.mkdtemp(prefix="cb-ro-")  # not under tmp_path: uid 65534 must reach it
     try:
         os.chmod(root, 0o755)
         torch.manual_seed(0)
@@ -155,12 +163,11 @@ def test_read_only_store_as_a_non_root_user():
         bad = store.path("bb" * 32)
         bad.write_bytes(damage(bad.read_bytes(), "inf", FP, "bb" * 32))
         if os.geteuid() != 0:
-            for p in [Path(root), *Path(root).rglob("*")]:
-                p.chmod(p.stat().st_mode & ~0o222)
+            _make_read_only(Path(root))
         proc = mp.get_context("fork").Process(target=_read_only_checks, args=(root,))
         proc.start()
         proc.join(60)
-        assert proc.exitcode == 0
+        assert proc.exitcode == 0, "the read-only checks failed in the child (its traceback is above)"
     finally:
         for p in [Path(root), *Path(root).rglob("*")]:
             p.chmod(p.stat().st_mode | 0o200)
