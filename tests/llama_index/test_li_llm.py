@@ -3,12 +3,11 @@ does not block the loop, usage that LlamaIndex's token counting reads, and refus
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+
+from loop_probe import loop_stays_free
 
 from llama_index_cacheblend import CacheBlendLLM, blend_stats
 
@@ -49,23 +48,10 @@ def test_complete_and_chat_share_one_prompt_and_one_result(llm):
 async def test_async_forms_match_and_leave_the_event_loop_free(llm):
     reference = llm.complete(QUESTION).text
 
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
-    started = time.perf_counter()
-    done = await llm.acomplete(QUESTION)
-    elapsed = time.perf_counter() - started
-    task.cancel()
-    # a blocked loop would not tick at all while the engine generates
-    assert ticks >= max(3, int(elapsed / 0.01 * 0.3)), (ticks, elapsed)
-
-    pieces = [r async for r in await llm.astream_complete(QUESTION)]
+    async with loop_stays_free(llm.engine):
+        done = await llm.acomplete(QUESTION)
+    async with loop_stays_free(llm.engine):
+        pieces = [r async for r in await llm.astream_complete(QUESTION)]
     chat = await llm.achat(MESSAGES)
     chat_pieces = [r async for r in await llm.astream_chat(MESSAGES)]
     assert done.text == reference == pieces[-1].text == chat.message.content == chat_pieces[-1].message.content
@@ -99,11 +85,17 @@ def test_generation_options_per_call_and_unknown_ones_refused(llm):
 
 def test_prompt_over_the_context_window_is_refused_before_any_compute(llm):
     long_prompt = "word " * (llm.metadata.context_window + 100)
-    for call in (llm.complete, llm.stream_complete):
-        started = time.perf_counter()
-        with pytest.raises(ValueError, match="context window"):
-            call(long_prompt)  # the stream raises at the call, not on first iteration
-        assert time.perf_counter() - started < 2.0
+    calls = []  # every forward pass of the model embeds its tokens first
+    handle = llm.engine.adapter.body.embed_tokens.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        for call in (llm.complete, llm.stream_complete):
+            with pytest.raises(ValueError, match="context window"):
+                call(long_prompt)  # the stream raises at the call, not on first iteration
+        assert not calls, f"{len(calls)} forward passes ran before the refusal"
+        llm.complete(QUESTION, max_new_tokens=1)
+        assert calls  # the hook sees a call that does compute
+    finally:
+        handle.remove()
 
 
 def test_non_text_chat_content_is_refused(llm):
