@@ -101,15 +101,29 @@ def test_blend_reuses_chunk_kv_inside_the_one_tokenization(engine, family):
     pre = engine.prefill(prompt, recompute_ratio=0.15)
     assert pre.ids.tolist() == list(engine.tokenizer(prompt)["input_ids"])
     assert pre.stats.chunk_hits == 3 and pre.stats.chunk_misses == 0
-    chunk_tokens = sum(len(engine.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PASSAGES)
-    assert pre.stats.cached_tokens >= 0.9 * chunk_tokens
+    assert _tokens_not_reused(engine, pre) == _expected_not_reused(engine)
 
 
-def _reuse_share(engine, prompt: str) -> float:
+def _tokens_not_reused(engine, pre) -> int:
+    """Warmed chunk tokens whose cached KV the prefill ``pre`` did not use."""
+    return sum(len(engine.encode_chunk(p).ids) for p in PASSAGES) - pre.stats.cached_tokens
+
+
+def _expected_not_reused(engine) -> int:
+    """What README's exact-prompts table claims (99.5-100% reused): every warmed token is reused
+    except, on byte-level BPE vocabularies, a chunk's final period, which merges with the line
+    break after it into one token (``.\n``) and is recomputed. Every passage here ends with a
+    period and is followed by a line break. Measured: 3 of 90 (Llama 3.1), 3 of 96 (Qwen3),
+    0 of 106 (Llama 2, Mistral) on every prompt of this file."""
+    merges = len(engine.tokenizer(".\n", add_special_tokens=False)["input_ids"]) == 1
+    return len(PASSAGES) if merges else 0
+
+
+def _not_reused(engine, prompt: str) -> int:
     engine.warm(PASSAGES)
     pre = engine.prefill(prompt, recompute_ratio=0.15)
-    chunk_tokens = sum(len(engine.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PASSAGES)
-    return pre.stats.cached_tokens / chunk_tokens
+    assert pre.stats.chunk_hits == len(PASSAGES)
+    return _tokens_not_reused(engine, pre)
 
 
 def test_langchain_stuff_prompt_reuses_chunk_tokens(engine):
@@ -119,7 +133,7 @@ def test_langchain_stuff_prompt_reuses_chunk_tokens(engine):
     prompt = PROMPT.format(context=context, question=QUESTION)
     if engine.is_chat_model:
         prompt = engine.render_chat([{"role": "user", "content": prompt}])
-    assert _reuse_share(engine, prompt) >= 0.8
+    assert _not_reused(engine, prompt) == _expected_not_reused(engine)
 
 
 def test_llama_index_qa_prompt_reuses_chunk_tokens(engine):
@@ -128,7 +142,7 @@ def test_llama_index_qa_prompt_reuses_chunk_tokens(engine):
     prompt = DEFAULT_TEXT_QA_PROMPT_TMPL.format(context_str="\n\n".join(PASSAGES), query_str=QUESTION)
     if engine.is_chat_model:
         prompt = engine.render_chat([{"role": "user", "content": prompt}])
-    assert _reuse_share(engine, prompt) >= 0.8
+    assert _not_reused(engine, prompt) == _expected_not_reused(engine)
 
 
 DATED_TEMPLATE = (
