@@ -3,8 +3,9 @@
 A vector store that warms chunks and a chat model that answers over them must meet in the same
 engine (the same weights, the same memory store); this registry is how they find each other
 without the user passing the engine around. The key is normalised, so a warmer built with
-``"smollm2-135m-instruct"`` and an LLM built with the converted folder's path, ``device="auto"``
-vs ``"cpu"``, or ``dtype=None`` vs ``"float32"`` share one engine.
+an alias (``"smollm2-135m-instruct"``, ``"qwen2.5-0.5b-instruct"``, ``"gemma3-270m"``) and an LLM
+built with the converted folder's path, ``device="auto"`` vs ``"cpu"``, or ``dtype=None`` vs
+``"float32"`` share one engine.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .engine import BlendEngine
-from .models import bundled
+from .models import bundled, catalog
 from .models.loading import resolve_device, resolve_dtype
 
 _SHARED: dict[tuple[str, str, str], BlendEngine] = {}
@@ -23,8 +24,9 @@ _SHARED_LOCK = threading.Lock()
 
 
 def engine_key(model: str, device: str = "auto", dtype: str | torch.dtype | None = None) -> tuple[str, str, str]:
-    """(model, device, dtype) in one spelling: the bundled alias for any path to the bundled model,
-    absolute paths for local folders and files, ``cuda:N`` for ``cuda``, the resolved dtype."""
+    """(model, device, dtype) in one spelling: a catalogue alias for its converted folder (or its
+    installed GGUF when it ships whole), absolute paths for other local folders and files,
+    ``cuda:N`` for ``cuda``, the resolved dtype."""
     dev = resolve_device(device)
     if dev == "cuda":
         dev = f"cuda:{torch.cuda.current_device()}"
@@ -32,18 +34,12 @@ def engine_key(model: str, device: str = "auto", dtype: str | torch.dtype | None
 
 
 def _model_name(model: str) -> str:
-    if model == bundled.ALIAS:
+    if model in catalog.MODELS:
         return model
     path = Path(model).expanduser()
     if not path.exists():
         return model  # a hub id
-    path = path.resolve()
-    bundled_paths = {bundled.cache_home().resolve() / "models" / bundled.ALIAS}
-    try:
-        bundled_paths.add(bundled.gguf_path().resolve())
-    except FileNotFoundError:
-        pass
-    return bundled.ALIAS if path in bundled_paths else str(path)
+    return bundled.alias_of(path) or str(path.resolve())
 
 
 def shared_engine(model: str = bundled.ALIAS, *, device: str = "auto", dtype: str | None = None) -> BlendEngine:

