@@ -41,15 +41,15 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cacheblend", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(required=True, metavar="COMMAND")
 
-    def common(sp, dir_default=None):
-        sp.add_argument("--model", default="smollm2-135m-instruct", help="HF id/path, .gguf file, or the bundled alias")
+    def common(sp, demo=False):
+        model_arg(sp)
         sp.add_argument("--device", default="auto")
-        sp.add_argument("--dir", default=dir_default, required=dir_default is None, help="index directory")
+        sp.add_argument("--dir", required=not demo, help=f"index directory{DEMO_DIR_HELP if demo else ''}")
         sp.add_argument("--max-tokens", type=int, default=512, help="passage size when splitting documents")
         neighbours_arg(sp)
 
     d = sub.add_parser("demo", help="index the pydoc corpus, warm its KV, answer questions")
-    common(d, ".cacheblend/demo")
+    common(d, demo=True)
     d.add_argument("--top-k", type=int, default=6)
     d.add_argument("--ratio", type=float, default=None)
     d.add_argument("--questions", type=int, default=len(DEMO_QUESTIONS))
@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_ask)
 
     b = sub.add_parser("bench", help="TTFT and quality: full prefill, prefix caching, full reuse, CacheBlend")
-    b.add_argument("--model", default="smollm2-135m-instruct")
+    model_arg(b)
     b.add_argument("--device", default="auto")
     b.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default: the device's)")
     b.add_argument("--dataset", help="a MuSiQue-format JSON (default: prompts over the pydoc corpus)")
@@ -89,6 +89,28 @@ def _parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
     return p
+
+
+DEMO_DIR_HELP = " (default .cacheblend/demo; another model: .cacheblend/demo-MODEL)"
+
+
+def demo_dir(model: str) -> Path:
+    """The demo's index for ``model``: passages are split by its tokenizer, so one index per model."""
+    from .models.catalog import DEFAULT
+
+    if model == DEFAULT:
+        return Path(".cacheblend/demo")
+    return Path(".cacheblend") / ("demo-" + "".join(c if c.isalnum() or c in ".-" else "_" for c in model))
+
+
+def model_arg(sp) -> None:
+    """``--model``: a catalogue alias (installed from PyPI, converted once), a HF id/folder or a .gguf."""
+    from .models.catalog import DEFAULT as default
+    from .models.catalog import MODELS
+
+    sp.add_argument("--model", default=default,
+                    help=f"{', '.join(MODELS)} (installed by make; converted once on first use), or a "
+                         f"HF id/folder, or a .gguf file (default {default})")
 
 
 def neighbours_arg(sp) -> None:
@@ -135,7 +157,7 @@ def cmd_demo(args) -> int:
     from .tools.datasets import pydoc_passages
     from .tools.demo_index import KV_DIR
 
-    index_dir = Path(args.dir)
+    index_dir = Path(args.dir or demo_dir(args.model))
     engine = _engine(args, index_dir / KV_DIR)
     passages = pydoc_passages(engine.count_tokens, args.max_tokens)
     print(f"corpus: {len(passages)} passages from pydoc_data.topics (<= {args.max_tokens} tokens each)")

@@ -10,7 +10,9 @@ DEFAULT_STORE = Path("~/.cache/cacheblend/serve-store")
 
 def add_serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="an OpenAI-compatible server with blending and continuous batching")
-    s.add_argument("--model", default="smollm2-135m-instruct", help="HF id/path, .gguf file, or the bundled alias")
+    from ..cli import model_arg, neighbours_arg
+
+    model_arg(s)
     s.add_argument("--device", default="auto")
     s.add_argument("--store", default=str(DEFAULT_STORE),
                    help=f"KV store: a directory (disk), a Redis URL (redis://host:port/db, shared by every "
@@ -26,8 +28,6 @@ def add_serve_parser(sub) -> None:
                    help="tokens the prefills between two decode steps may compute (at least one request "
                         "is admitted); waiting requests are admitted until it is spent (default 4096)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    from ..cli import neighbours_arg
-
     neighbours_arg(s)
     s.set_defaults(func=cmd_serve)
 
