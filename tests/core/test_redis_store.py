@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from store_faults import DAMAGES, damage
+from tiny_models import tiny_model
 
-from cacheblend import ChunkRecord, StoreWarning
+from cacheblend import BlendConfig, BlendEngine, ChunkRecord, StoreWarning
 from cacheblend.stores.redis import RedisStore
 from cacheblend.tools.local_redis import RedisServer
 
@@ -138,33 +139,72 @@ def test_a_second_process_answers_from_the_shared_server_without_warming(fresh, 
     assert torch.equal(pre.output.logits, here.output.logits)
 
 
-def test_server_killed_mid_use_then_restarted_empty(tmp_path, make_engine):
+def _prefill_stream(engine, prompt, killed: threading.Event, results: list, errors: list, after: int = 3) -> None:
+    """Prefills (each reads the Redis tier: the engine keeps no memory tier) and writes one record
+    each, until ``after`` prefills have begun after ``killed`` was set; any exception is kept."""
+    try:
+        while sum(began_after for began_after, _ in results) < after and len(results) < 1000:
+            began_after = killed.is_set()
+            pre = engine.prefill(prompt, recompute_ratio=0.0)
+            engine.stores.remotes[0].put(record(f"{len(results):064x}"))  # a write mid-stream too
+            results.append((began_after, pre))
+    except BaseException as exc:  # noqa: BLE001 - the main thread asserts there was none
+        errors.append(exc)
+
+
+def test_server_killed_mid_use_then_restarted_empty(tmp_path, make_engine, tokenizer):
     srv = RedisServer(tmp_path / "redis").start()
     try:
         make_engine().warm(TEXTS, store_dir=srv.url)
-        engine = make_engine()
+        config = BlendConfig(kv_dtype="float32", neighbours=0)
+        engine = BlendEngine(tiny_model("llama"), tokenizer, config=config, memory_bytes=1)  # keeps no record
         remote = engine.attach_store(srv.url)
         remote.retry_after_s = 5.0
         prompt = prompt_of(engine, TEXTS)
-        srv.kill()
-        with pytest.warns(StoreWarning) as caught:
-            pre = engine.prefill(prompt, recompute_ratio=0.0)
-            again = engine.prefill(prompt, recompute_ratio=0.0)  # inside the breaker window: no 2nd warning
-        assert len(caught) == 1 and "Redis" in str(caught[0].message)
-        assert pre.stats.chunk_misses == len(TEXTS) and again.stats.chunk_misses == len(TEXTS)
-        full = engine.prefill(prompt, recompute_ratio=1.0)
-        torch.testing.assert_close(pre.output.logits, full.output.logits, atol=1e-5, rtol=1e-5)  # recomputed, correct
+        local = make_engine()
+        local.warm(TEXTS)
+        hit = local.prefill(prompt, recompute_ratio=0.0).output.logits  # what a read of the server gives
+        miss = make_engine().prefill(prompt, recompute_ratio=0.0).output.logits  # no store at all
+        full = make_engine().prefill(prompt, recompute_ratio=1.0).output.logits
+        torch.testing.assert_close(miss, full, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(hit, miss, atol=1e-3)  # the two outcomes are told apart
+
+        killed, results, errors = threading.Event(), [], []
+        stream = threading.Thread(target=_prefill_stream, args=(engine, prompt, killed, results, errors))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stream.start()
+            deadline = time.monotonic() + 60
+            while len(results) < 2 and stream.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            srv.kill()  # the stream is mid-way: between, or inside, a read, a forward pass, a write
+            killed.set()
+            stream.join(120)
+        assert not stream.is_alive() and not errors, errors
+        outages = [w for w in caught if issubclass(w.category, StoreWarning)]
+        assert len(outages) == 1 and "Redis" in str(outages[0].message)  # one warning for the outage
+        n = len(TEXTS)
+        for began_after, pre in results:  # each prefill read the server whole, or not at all
+            if (pre.stats.chunk_hits, pre.stats.chunk_misses) == (n, 0):
+                assert not began_after and torch.equal(pre.output.logits, hit)
+            else:
+                assert (pre.stats.chunk_hits, pre.stats.chunk_misses) == (0, n)
+                assert torch.equal(pre.output.logits, miss)  # recomputed: the no-store answer
+        assert [pre.stats.chunk_hits for _, pre in results[:2]] == [n, n]
+        assert sum(began_after for began_after, _ in results) == 3
 
         srv.start()  # same port, empty
-        while not remote.available:  # the breaker closes after retry_after_s
+        deadline = time.monotonic() + 60
+        while not remote.available and time.monotonic() < deadline:  # the breaker closes after retry_after_s
             time.sleep(0.05)
+        assert remote.available
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert engine.prefill(prompt, recompute_ratio=0.0).stats.chunk_misses == len(TEXTS)
+            assert engine.prefill(prompt, recompute_ratio=0.0).stats.chunk_misses == n
             engine.warm(TEXTS)  # writes every chunk the server lacks through to it
         reader = make_engine()
         reader.attach_store(srv.url)
-        assert reader.prefill(prompt, recompute_ratio=0.0).stats.chunk_hits == len(TEXTS)
+        assert reader.prefill(prompt, recompute_ratio=0.0).stats.chunk_hits == n
     finally:
         srv.stop()
 
