@@ -1,4 +1,5 @@
-"""`cacheblend serve` as a process: defaults, a disk store that persists warmed documents."""
+"""`cacheblend serve` as a process: defaults, a disk store that persists warmed documents, two
+replicas running at once on one store (Redis or a disk folder)."""
 
 import contextlib
 import os
@@ -7,8 +8,10 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from cacheblend.cli import _parser
 from cacheblend.serving.command import DEFAULT_STORE
@@ -20,30 +23,55 @@ def test_serve_defaults_are_the_bundled_model_on_loopback():
     assert args.store == str(DEFAULT_STORE) and args.func.__name__ == "cmd_serve"
 
 
-@contextlib.contextmanager
-def serve_process(model: str, store: str):
-    """`cacheblend serve` in a subprocess on a free loopback port; yields its URL, then stops it."""
+def _start(model: str, store: str) -> tuple[subprocess.Popen, str]:
+    """`cacheblend serve` in a subprocess on a free loopback port (not waited for): (process, URL)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "cacheblend.cli", "serve", "--model", model, "--port", str(port),
            "--store", store, "--served-model-name", "tiny", "--device", "cpu"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "the server did not start"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a clean shutdown
+
+
+@contextlib.contextmanager
+def serve_processes(model: str, store: str, n: int = 1):
+    """``n`` `cacheblend serve` processes on one store, started together and all running at once;
+    yields their URLs, then stops them."""
+    procs = []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        yield url
+        for _ in range(n):
+            procs.append(_start(model, store))
+        for proc, url in procs:
+            _wait_healthy(proc, url)
+        yield [url for _, url in procs]
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a clean shutdown
+        for proc, _ in procs:
+            _stop(proc)
+
+
+@contextlib.contextmanager
+def serve_process(model: str, store: str):
+    """One `cacheblend serve` process; yields its URL, then stops it."""
+    with serve_processes(model, store) as (url,):
+        yield url
 
 
 TEXT = "The ferry across the Tane river is pulled along a steel cable by a diesel winch."
@@ -62,16 +90,62 @@ def test_serve_process_warms_into_its_disk_store(tiny_model_dir, tmp_path):
         assert ask(url)["cacheblend"]["chunk_hits"] == 1
 
 
-def test_two_serve_processes_share_one_redis_store(tiny_model_dir, tmp_path):
-    """`--store redis://...`: what one replica warms, another (started empty) reuses."""
+DOCS = [
+    "The ferry across the Tane river is pulled along a steel cable by a diesel winch.",
+    "In winter the ferry stops at dusk, and the last crossing leaves the north bank at four.",
+    "Tickets are sold on board; cyclists pay half fare and dogs travel free of charge.",
+]
+QUESTIONS = ["How is it pulled?", "When is the last crossing?", "Who travels free?", "What do cyclists pay?"]
+
+
+def _chat(url: str, q: int) -> tuple[dict, float, float]:
+    """A temperature-0 chat over two of DOCS; (response body, start, end on the monotonic clock)."""
+    docs = "\n\n".join(DOCS[i % len(DOCS)] for i in (q, q + 1))
+    body = {"model": "tiny", "messages": [{"role": "user", "content": f"{docs}\n\n{QUESTIONS[q % 4]}"}],
+            "max_tokens": 6, "temperature": 0}
+    start = time.monotonic()
+    out = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    assert out.status_code == 200, out.text
+    return out.json(), start, time.monotonic()
+
+
+def _redis_store(tmp_path, stack):
     from cacheblend.tools.local_redis import RedisServer
 
     redis = RedisServer(tmp_path / "redis").start()
-    try:
-        with serve_process(tiny_model_dir, redis.url) as first:
-            assert httpx.post(first + "/v1/documents", json={"documents": [TEXT]}).json()["warmed"] == 1
-        assert not list(tmp_path.rglob("*.safetensors"))  # nothing went to a disk store
-        with serve_process(tiny_model_dir, redis.url) as second:
-            assert ask(second)["cacheblend"]["chunk_hits"] == 1
-    finally:
-        redis.stop()
+    stack.callback(redis.stop)
+    return redis.url
+
+
+@pytest.mark.parametrize("kind", ["redis", "disk"])
+def test_two_serve_processes_running_at_once_share_one_store(tiny_model_dir, tmp_path, kind):
+    """Two replicas on one store (a Redis server on loopback, or one disk folder) at the same time:
+    what the first warms, the second (started empty, before the warming) reads instead of computing,
+    while both answer interleaved requests from threads, at temperature 0 with the same answers."""
+    with contextlib.ExitStack() as stack:
+        store = _redis_store(tmp_path, stack) if kind == "redis" else str(tmp_path / "kv")
+        first, second = stack.enter_context(serve_processes(tiny_model_dir, store, n=2))
+        assert httpx.post(first + "/v1/documents", json={"documents": DOCS}).json()["warmed"] == len(DOCS)
+        assert bool(list(tmp_path.rglob("*.safetensors"))) is (kind == "disk")  # Redis: nothing on disk
+        # the second replica finds every record the first wrote: stored already, nothing warmed
+        read = httpx.post(second + "/v1/documents", json={"documents": DOCS}).json()
+        assert read["warmed"] == 0 and all(d["cached"] for d in read["data"])
+
+        jobs = [(url, q) for q in range(2 * len(QUESTIONS)) for url in (first, second)]  # interleaved
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            results = list(pool.map(lambda job: _chat(*job), jobs))
+        answers = {url: {} for url in (first, second)}
+        for (url, q), (body, _, _) in zip(jobs, results):
+            answers[url][q] = body["choices"][0]["message"]["content"]
+            usage = body["usage"]
+            assert usage["cacheblend"]["chunk_hits"] == 2 and usage["cacheblend"]["chunk_misses"] == 0, usage
+            assert usage["prompt_tokens_details"]["cached_tokens"] > 0
+        assert answers[second] == answers[first]
+        assert len(set(answers[first].values())) > 1  # the answers depend on the prompt
+        spans = {url: [(a, b) for (u, _), (_, a, b) in zip(jobs, results) if u == url] for url in (first, second)}
+        assert any(a1 < b2 and a2 < b1 for a1, b1 in spans[first] for a2, b2 in spans[second]), \
+            "no request to one replica overlapped a request to the other"
+
+        # and the answers equal those of one replica asked one request at a time
+        alone = {q: _chat(first, q)[0]["choices"][0]["message"]["content"] for q in answers[first]}
+        assert alone == answers[first]
