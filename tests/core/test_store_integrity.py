@@ -1,6 +1,7 @@
 """Records never lie: checksums, quarantine and rewrite, dead writers' temp files, a catalogue that
 never loses a stored chunk, a read-only store read by a non-root user, kill -9 while warming."""
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -16,7 +17,7 @@ import torch
 
 from cacheblend import ChunkRecord, DiskStore, StoreWarning
 from cacheblend.stores import integrity
-from store_faults import DAMAGES, damage
+from store_faults import DAMAGES, FORKING_WARMER, KILL_POINTS, damage
 
 FP = "f" * 64
 HERE = Path(__file__).resolve().parent
@@ -174,37 +175,78 @@ def test_read_only_store_as_a_non_root_user():
         subprocess.run(["rm", "-rf", root], check=True)
 
 
-_WARMER = """
-import sys, pathlib, torch
-sys.path.insert(0, {tests!r})
-from tiny_models import tiny_model
-from transformers import AutoTokenizer
-from cacheblend import BlendConfig, BlendEngine
-engine = BlendEngine(tiny_model("llama"), AutoTokenizer.from_pretrained({tok!r}), config=BlendConfig(kv_dtype="float32", neighbours=0))
-engine.warm({texts!r}, store_dir={store!r}, batch_size=1, progress=False)
-"""
+ROUNDS, PER_ROUND = 100, 16
+
+
+def _round_texts(round_: int) -> list[str]:
+    words = [" ".join(f"word{(i * 7 + j) % 97}" for j in range(40)) for i in range(PER_ROUND)]
+    return [f"Round {round_} record {i}: {w}" for i, w in enumerate(words)]
+
+
+def _kill_one_writer(proc, disk, engine, round_: int, rng) -> str:
+    """Round ``round_``: a forked child warms fresh texts; after 0-3 of its records it is killed
+    with SIGKILL, 0-10 ms later or stopped at a kill point. Returns where it was killed."""
+    point, after = KILL_POINTS[round_ % len(KILL_POINTS)], (round_ // len(KILL_POINTS)) % 4
+    texts = _round_texts(round_)
+    proc.stdin.write(json.dumps({"texts": texts, "point": point, "after": after}) + "\n")
+    proc.stdin.flush()
+    lines = [proc.stdout.readline() for _ in range(1 if point == "anywhere" else 2)]  # pid and "paused", any order
+    pid = int(next(line for line in lines if line.strip().isdigit()))
+    if point == "anywhere":
+        paths, deadline = [disk.path(k) for k in engine.chunk_keys(texts)], time.monotonic() + 60
+        while sum(p.exists() for p in paths) < after and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        time.sleep(rng.uniform(0, 0.01))
+    else:
+        assert f"paused {point}\n" in lines, f"round {round_}: the child never reached {point}: {lines}"
+    os.kill(pid, signal.SIGKILL)
+    status = int(proc.stdout.readline())
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"round {round_} ended with {status}"
+    if point in ("write", "rename"):  # its temp file is there (until the next writer opens the store)
+        (temp,) = (disk.dir / "tmp").glob(f"*-{pid}-*.part")
+        whole = [k for k in engine.chunk_keys(texts) if _decodes(temp.read_bytes(), engine.fingerprint, k)]
+        assert len(whole) == (point == "rename")  # half a record, or a whole one not renamed...
+        assert not any(disk.path(k).exists() for k in whole)  # ...that no reader can see
+    return point
+
+
+def _decodes(data: bytes, fingerprint: str, key: str) -> bool:
+    try:
+        integrity.decode(data, fingerprint, key)
+        return True
+    except integrity.RecordError:
+        return False
 
 
 def test_kill_9_while_warming_leaves_only_true_records(make_engine, bundled_dir, tmp_path):
-    texts = [f"Record {i}: " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(40)) for i in range(60)]
-    store = tmp_path / "kv"
-    for round_ in range(3):
-        script = _WARMER.format(tests=str(HERE.parent), tok=str(bundled_dir), texts=texts, store=str(store))
-        proc = subprocess.Popen([sys.executable, "-c", script])
-        deadline = time.monotonic() + 120
-        while len(list(store.rglob("*.safetensors"))) < 4 * (round_ + 1) and time.monotonic() < deadline:
-            assert proc.poll() is None, "the warming child ended before it was killed"
-            time.sleep(0.01)
-        time.sleep(0.05 * round_)
-        proc.send_signal(signal.SIGKILL)
+    """100 warming writers killed with SIGKILL, a quarter each anywhere and at each kill point of a
+    record write (half its bytes written, whole but not renamed, renamed with half its catalogue
+    line): every record file left is whole and bitwise what a fresh computation gives, the
+    catalogue names every one, no temp file survives the next open. Writers fork from one process
+    that has the engine loaded, so a round takes milliseconds."""
+    import random
+
+    store, engine = tmp_path / "kv", make_engine()
+    disk = DiskStore(store, engine.fingerprint)
+    script = FORKING_WARMER.format(tests=str(HERE.parent), tok=str(bundled_dir), store=str(store))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        rng = random.Random(0)
+        points = [_kill_one_writer(proc, disk, engine, r, rng) for r in range(ROUNDS)]
+    finally:
+        proc.stdin.close()
         proc.wait(30)
-    engine = make_engine()
+    assert sorted(set(points)) == sorted(KILL_POINTS)
     disk = DiskStore(store, engine.fingerprint)  # opening cleans the dead writers' temp files
     assert not list((disk.dir / "tmp").glob("*.part"))
     stored = disk._record_keys()
-    assert 0 < len(stored) < len(texts), "each round must be killed part-way through"
-    by_key = dict(zip(engine.chunk_keys(texts), texts))
-    engine.warm([by_key[k] for k in stored], batch_size=1)  # a fresh computation, in memory
-    for key in stored:
-        assert torch.equal(disk.get(key).kv, engine.stores.memory.get(key).kv), key
-    assert {disk.get(k).text for k in stored} <= set(disk.texts())
+    everything = [t for r in range(ROUNDS) for t in _round_texts(r)]
+    assert 0 < len(stored) < len(everything) / 2, "each round must be killed part-way through"
+    by_key = dict(zip(engine.chunk_keys(everything), everything))
+    engine.warm([by_key[k] for k in stored], batch_size=8, progress=False)  # a fresh computation, in memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a torn or corrupt record would be a StoreWarning: none is
+        for key in stored:
+            assert torch.equal(disk.get(key).kv, engine.stores.memory.get(key).kv), key
+        assert {disk.get(k).text for k in stored} <= set(disk.texts())
