@@ -11,10 +11,14 @@ assembled GGUF is deleted once converted.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from . import catalog
 
 ALIAS = catalog.DEFAULT
 GGUF_PACKAGE = catalog.MODELS[ALIAS].parts[0].package
+RECORD = "conversion.json"  # written into each converted folder: source, sizes, seconds per phase
 STALE_S = 3600.0  # a temporary file or folder of a conversion older than this was left by a killed one
 
 
@@ -75,12 +80,16 @@ def converted_dir(alias: str = ALIAS, *, site: Path | None = None, home: Path | 
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(target.parent, alias)
+    clock = [time.perf_counter()]
     with catalog.gguf(entry, target.parent, site) as gguf:
+        clock.append(time.perf_counter())
         model, tokenizer = load_model(str(gguf.parent), dtype=torch.float32, gguf_file=gguf.name)
+        clock.append(time.perf_counter())
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{alias}-"))
         try:
             save_converted(model, tokenizer, str(tmp))
             del model
+            _write_record(tmp, entry, clock + [time.perf_counter()])
             if _is_converted(target):  # another process finished first
                 return target
             shutil.rmtree(target, ignore_errors=True)
@@ -88,6 +97,21 @@ def converted_dir(alias: str = ALIAS, *, site: Path | None = None, home: Path | 
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _write_record(folder: Path, entry: catalog.CatalogModel, clock: list[float]) -> None:
+    """``conversion.json``: where the copy came from and what converting it took on this machine."""
+    import transformers
+
+    weights = sum(p.stat().st_size for p in folder.glob("model*.safetensors"))
+    record = {
+        "alias": entry.alias, "gguf_sha256": entry.sha256, "gguf_bytes": entry.size, "safetensors_bytes": weights,
+        "assemble_s": clock[1] - clock[0], "load_gguf_s": clock[2] - clock[1], "save_s": clock[3] - clock[2],
+        "total_s": clock[3] - clock[0], "cpus": os.cpu_count(), "loadavg_end": list(os.getloadavg()),
+        "transformers": transformers.__version__, "torch": torch.__version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    (folder / RECORD).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _remove_stale(folder: Path, alias: str) -> None:
@@ -120,3 +144,28 @@ def save_converted(model: Any, tokenizer: Any, target: str) -> None:
     plain.load_state_dict(model.state_dict())
     plain.save_pretrained(target)
     tokenizer.save_pretrained(target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cacheblend.models.bundled [ALIAS ...] [--home DIR] [--run-file F]``: converts
+    (into a fresh temporary cache unless ``--home``) and prints each conversion's record."""
+    p = argparse.ArgumentParser(prog="python -m cacheblend.models.bundled", description=main.__doc__)
+    p.add_argument("aliases", nargs="*", default=list(catalog.MODELS), help=f"default: {' '.join(catalog.MODELS)}")
+    p.add_argument("--home", help="cache directory to convert into (default: a temporary one, removed after)")
+    p.add_argument("--run-file", help="also write the records, with the command and the load, as JSON here")
+    args = p.parse_args(argv)
+    run = {"command": " ".join(["python -m cacheblend.models.bundled", *(argv or sys.argv[1:])]),
+           "loadavg_start": list(os.getloadavg()), "records": []}
+    with tempfile.TemporaryDirectory(prefix="cacheblend-convert-") as scratch:
+        for alias in args.aliases:
+            folder = converted_dir(alias, home=Path(args.home) if args.home else Path(scratch))
+            record = folder / RECORD  # absent in a copy converted before records were kept
+            run["records"].append(json.loads(record.read_text()) if record.is_file() else {"alias": alias})
+            print(json.dumps(run["records"][-1]), flush=True)
+    if args.run_file:
+        Path(args.run_file).write_text(json.dumps(run, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
