@@ -20,11 +20,48 @@ def bundled_dir():
 
 
 @pytest.fixture(scope="session")
+def qwen_dir():
+    """Qwen2.5-Coder-0.5B-Instruct as safetensors (assembled from six packages and converted,
+    about 25 s of dequantizing, on the first run)."""
+    from cacheblend.models import bundled
+
+    return bundled.converted_dir("qwen2.5-0.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma_dir():
+    """Gemma 3 270M (base) as safetensors: the one place tests convert it (about 200 s of
+    dequantizing its 262k-token embedding on the first run, then cached)."""
+    from cacheblend.models import bundled
+
+    return bundled.converted_dir("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def real_engine():
     """The real bundled model, shared by every real-model test (fp32 KV for exactness)."""
     from cacheblend import shared_engine
 
     return shared_engine()
+
+
+@pytest.fixture(scope="session")
+def fresh_real_engine(real_engine):
+    """Builds a new engine over the bundled model's loaded weights (shared, not copied) with its own
+    empty KV store and neighbour pool: ``fresh_real_engine(**BlendConfig fields)``.
+
+    The shared engine picks each chunk's neighbours among every chunk any earlier test warmed, and
+    keeps the first KV it computed for a text, so a quality test reading it would see other KV
+    when run alone (``-k``) than in the suite. A test that warms its whole pool on a fresh engine
+    (one ``warm`` call, or explicit ``neighbours=``) reads the same KV however it is run.
+    """
+    from cacheblend import BlendConfig, BlendEngine
+
+    def make(**config) -> BlendEngine:
+        model, tokenizer = real_engine.adapter.model, real_engine.tokenizer
+        return BlendEngine(model, tokenizer, config=BlendConfig(**config), name=real_engine.name)
+
+    return make
 
 
 def _save_tiny_llama(path, tokenizer_dir, chat_template: bool) -> str:
