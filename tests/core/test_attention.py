@@ -1,10 +1,10 @@
-"""The blend's grouped attention (``ModelAdapter.attend_rows`` with a ``RowPlan``) equals one
+"""The blend's grouped attention (``blending.rows.attend_rows`` with a ``RowPlan``) equals one
 masked attention of the same rows over every key, for every family (sliding windows included)."""
 
 import pytest
 import torch
 
-from cacheblend.models.adapter import RowPlan
+from cacheblend.blending.rows import RowPlan, attend_rows
 
 from tiny_models import FAMILIES
 
@@ -23,7 +23,7 @@ def test_grouped_rows_attend_like_one_masked_call(make_engine, family, rows):
     windows = 0
     for layer in range(adapter.num_layers):
         windows += adapter._windows[layer] is not None
-        grouped = adapter.attend_rows(layer, q, k, v, plan)  # [1, rows, H*d]
+        grouped = attend_rows(adapter, layer, q, k, v, plan)  # [1, rows, H*d]
         reference = adapter._masked(q, k, v, active, pos, adapter._windows[layer], None)  # [1,H,rows,d]
         reference = reference.transpose(1, 2).reshape(1, rows, -1)
         torch.testing.assert_close(grouped, reference, atol=1e-5, rtol=1e-5, msg=f"layer {layer}")

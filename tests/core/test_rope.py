@@ -9,7 +9,12 @@ by the model's rotary tables at those positions: at every layer, not just the fi
 import pytest
 import torch
 
-from cacheblend.blending.rope import apply_rope, realign, rotate_half
+from tiny_models import GEMMA3
+from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+
+from cacheblend import BlendConfig, BlendEngine
+
+from cacheblend.blending.rope import RopeTables, apply_rope, realign, rotate_half
 
 ROPES = {
     "default": None,
@@ -45,6 +50,36 @@ def test_realigned_keys_equal_keys_at_target_positions(make_engine, rope, offset
         torch.testing.assert_close(realigned, model_keys, atol=2e-5, rtol=1e-4, msg=f"layer {layer}")
         torch.testing.assert_close(stored[layer, 1], cache_layer.values[0, :, lead:], atol=2e-5, rtol=1e-4)
     assert n == len(engine.encode_chunk(TEXT).ids)
+
+
+@pytest.mark.parametrize("offset", [0, 301])
+def test_gemma3_keys_realign_with_their_own_layer_types_geometry(tokenizer, offset):
+    """Gemma 3 rotates sliding layers with base 10k and full layers with another geometry (here
+    linear-scaled 1M): each layer's stored keys, rotated with its own type's tables, equal the
+    model's keys at the shifted positions; the other type's tables would not.
+
+    transformers builds Gemma's sliding mask from the position ids against cache indices, so a
+    forward at shifted positions without a cached prefix would slide every key out of view: the
+    window is widened past the text here (test_equivalence proves the window itself)."""
+    torch.manual_seed(1234)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**dict(GEMMA3, sliding_window=4096))).eval()
+    engine = BlendEngine(model, tokenizer, config=BlendConfig(kv_dtype="float32", neighbours=0))
+    kinds = engine.adapter.rope_kinds
+    assert sorted(set(kinds)) == [0, 1] and kinds.count(kinds[-1]) == 1  # 5 sliding layers, 1 full
+    (key,) = engine.warm([TEXT])
+    stored = engine.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
+    lead = len(engine.context_ids)
+    ids = torch.tensor([engine.context_ids + engine.encode_chunk(TEXT).ids])
+    pos = torch.arange(ids.shape[1])[None] + offset
+    out = engine.adapter.model(input_ids=ids, position_ids=pos, cache=DynamicCache(), use_cache=True)  # full layers
+    tables = RopeTables.at(engine.adapter, pos[0, lead:])
+    for layer, cache_layer in enumerate(out.cache.layers):
+        model_keys = cache_layer.keys[0, :, lead:]  # [kv_heads, T, d]
+        realigned = apply_rope(stored[layer, 0], *tables.layer(layer))
+        torch.testing.assert_close(realigned, model_keys, atol=2e-5, rtol=1e-4, msg=f"layer {layer}")
+        other = 1 - kinds[layer]
+        wrong = apply_rope(stored[layer, 0], tables.cos[other], tables.sin[other])
+        assert (wrong - model_keys).abs().max() > 1e-2  # the geometries differ: a shared table would fail
 
 
 def test_rotate_half_and_rotation_preserve_norms():

@@ -54,7 +54,10 @@ def test_batched_steps_match_single_sequence_decoding(family, tokenizer):
             done[s] += 1
             worst = max(worst, float((logits[row] - expected[s][done[s]]).abs().max()))
     assert done[0] == done[2] == STEPS and done[1] == 4 and done[3] >= 6
-    assert worst < 2e-5, worst
+    # fp32 round-off: 2e-5 for every family but Gemma 3, whose sandwich norms re-normalise each
+    # attention and MLP output (so a 1e-7 difference in the batched kernel's sum order grows layer by
+    # layer; measured 3.2e-5 on logits soft-capped at 30). A window off by one measures 0.78.
+    assert worst < (5e-5 if family == "gemma3" else 2e-5), worst
 
 
 def test_slot_capacity_grows_and_keeps_the_kv(tokenizer):

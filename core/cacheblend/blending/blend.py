@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.adapter import ModelAdapter, RowPlan
+from ..models.adapter import ModelAdapter
 from .feed import LayerFeed
-from .rope import apply_rope, realign
+from .rope import RopeTables, apply_rope, realign
+from .rows import RowPlan, attend_rows
 from .selection import Candidates, Selector
 
 
@@ -78,17 +79,18 @@ def blend_prefill(
     """
     n = inp.ids.shape[0]
     pos = torch.arange(n, device=inp.ids.device)  # [N]
-    cos, sin = model.rope(pos)  # [N, d]
+    tables = RopeTables.at(model, pos)  # per rotary geometry: cos, sin [N, d]
     check = _Check.of(inp, selector)
     if inp.cached is None or check.num_reused == 0:
         schedule = {}
     first_check = min(schedule, default=model.num_layers)
     feed = LayerFeed(inp.cached, inp.ids.device, first_check) if schedule else None  # copies start now
-    rows = _Rows.at(pos, cos, sin)
+    rows = _Rows.at(pos, tables)
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     active_per_layer = []
     for layer in range(model.num_layers):
+        cos, sin = tables.layer(layer)  # [N, d]: this layer's rotary geometry
         x = model.attn_input(layer, h)  # [1, n, hidden]
         k, v = model.kv(layer, x)  # [1,Hkv,n,d], k before RoPE
         if layer < first_check:
@@ -100,13 +102,13 @@ def blend_prefill(
                 here = _CheckLayer(model, layer, x, k, v, cached, layer_kv)
                 pick = check.pick(here, rows, budget_for(schedule[layer], check.num_reused))  # into active
                 if fresh_check:  # every active row has fresh K/V: all of them stay in the cache
-                    _write(layer_kv, k, v, rows)
-                rows, x, h = rows.take(pick, cos, sin), x[:, pick], h[:, pick]
+                    _write(layer_kv, k, v, rows, layer)
+                rows, x, h = rows.take(pick, tables), x[:, pick], h[:, pick]
                 k, v = k[:, :, pick], v[:, :, pick]
-            _write(layer_kv, k, v, rows)
+            _write(layer_kv, k, v, rows, layer)
             keys, values = layer_kv[0][None], layer_kv[1][None]  # [1,Hkv,N,d]
-        q = apply_rope(model.q(layer, x), rows.cos, rows.sin)  # [1,H,n,d], only the rows kept
-        h = model.finish(layer, h, model.attend_rows(layer, q, keys, values, rows.plan))
+        q = apply_rope(model.q(layer, x), *rows.rope.layer(layer))  # [1,H,n,d], only the rows kept
+        h = model.finish(layer, h, attend_rows(model, layer, q, keys, values, rows.plan))
         kv.append((keys, values))
         active_per_layer.append(rows.active.shape[0])
     logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
@@ -115,27 +117,26 @@ def blend_prefill(
 
 @dataclass
 class _Rows:
-    """The rows still computed: positions ``active`` [n] (sorted), their RoPE tables [n, d], and
-    the attention plan every layer uses until the next check layer."""
+    """The rows still computed: positions ``active`` [n] (sorted), their RoPE tables [n, d] per
+    rotary geometry, and the attention plan every layer uses until the next check layer."""
 
     active: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
+    rope: RopeTables
     plan: RowPlan
 
     @classmethod
-    def at(cls, active: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> _Rows:
-        """cos, sin: the prompt's whole tables [N, d]."""
-        return cls(active, cos[active], sin[active], RowPlan(active, cos.shape[0]))
+    def at(cls, active: torch.Tensor, tables: RopeTables) -> _Rows:
+        """tables: the prompt's whole tables [N, d]."""
+        return cls(active, tables.rows(active), RowPlan(active, tables.cos[0].shape[0]))
 
-    def take(self, pick: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> _Rows:
+    def take(self, pick: torch.Tensor, tables: RopeTables) -> _Rows:
         """The rows ``pick`` (indices into ``active``)."""
-        return _Rows.at(self.active[pick], cos, sin)
+        return _Rows.at(self.active[pick], tables)
 
 
-def _write(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: _Rows) -> None:
-    """Fresh K (rotated here) and V [1,Hkv,n,d] of ``rows`` into the layer's cache [2,Hkv,N,d]."""
-    layer_kv[0].index_copy_(1, rows.active, apply_rope(k[0], rows.cos, rows.sin))
+def _write(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: _Rows, layer: int) -> None:
+    """Fresh K (rotated here) and V [1,Hkv,n,d] of ``rows`` into ``layer``'s cache [2,Hkv,N,d]."""
+    layer_kv[0].index_copy_(1, rows.active, apply_rope(k[0], *rows.rope.layer(layer)))
     layer_kv[1].index_copy_(1, rows.active, v[0])
 
 
@@ -214,9 +215,10 @@ class _Check:
         Only the m question rows are scored (m*N per head, no N*N)."""
         mine = self.asking[rows.active]  # [n] bool
         q = at.model.q(at.layer, at.x[:, mine])  # [1, H, m, d] before RoPE
-        q = apply_rope(q, rows.cos[mine], rows.sin[mine])[0].float()  # [H, m, d]
+        cos, sin = rows.rope.layer(at.layer)  # [n, d]
+        q = apply_rope(q, cos[mine], sin[mine])[0].float()  # [H, m, d]
         keys = at.layer_kv[0].clone()  # [Hkv, N, d]
-        keys.index_copy_(1, rows.active, apply_rope(at.k[0], rows.cos, rows.sin))
+        keys.index_copy_(1, rows.active, apply_rope(at.k[0], cos, sin))
         keys = keys.float().repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # [H, N, d]
         scores = q @ keys.transpose(1, 2) * at.model.scaling  # [H, m, N]
         causal = torch.arange(keys.shape[1], device=q.device)[None, :] <= rows.active[mine][:, None]  # [m, N]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from ..models.adapter import ModelAdapter
-from .rope import apply_rope
+from .rope import RopeTables, apply_rope
 
 
 def encode_grouped(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -66,7 +66,7 @@ def encode_chunks(
     """
     t = ids.shape[1]
     pos = torch.arange(t, device=ids.device)
-    cos, sin = model.rope(pos)
+    tables = RopeTables.at(model, pos)  # per rotary geometry: cos, sin [T, d]
     key_valid = None if bool(valid.all()) else valid
     h = model.embed(ids)
     out = []
@@ -74,6 +74,7 @@ def encode_chunks(
         q, k, v = model.qkv(layer, h)
         out.append(torch.stack([k[:, :, context:], v[:, :, context:]], dim=1))  # [B, 2, Hkv, T-context, d]
         if layer + 1 < model.num_layers:  # the last layer's output is not needed
+            cos, sin = tables.layer(layer)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             h = model.finish(layer, h, model.attend(layer, q, k, v, pos, pos, key_valid))
     return torch.stack(out, dim=1)

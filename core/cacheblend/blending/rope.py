@@ -1,4 +1,4 @@
-"""Rotary position embedding math. Pure functions, no model state.
+"""Rotary position embedding math. Pure functions, no model state (``RopeTables`` only holds tensors).
 
 cacheblend stores keys *before* RoPE. Realigning a cached chunk to new positions is then just
 applying the model's own rotary embedding (its cos/sin tables, whatever the rope type: default,
@@ -9,6 +9,10 @@ twice); the reference implementations refused those models for that reason.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -46,3 +50,37 @@ def realign(cached: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: t
     k1.sub_(x2 * sin[:, :half])
     k2.add_(x1 * sin[:, half:])
     return out
+
+
+@dataclass(frozen=True)
+class RopeTables:
+    """The cos/sin tables [n, head_dim] of one set of positions, for every rotary geometry a model
+    has, and which geometry each layer uses.
+
+    Most families have one geometry for all layers; Gemma 3 has two (RoPE base 10k on its sliding
+    layers, 1M on its full-attention layers), so a key stored before RoPE is rotated with its own
+    layer's tables. Tables are computed once per geometry, not per layer.
+    """
+
+    cos: tuple[torch.Tensor, ...]  # per geometry: [n, d]
+    sin: tuple[torch.Tensor, ...]
+    kinds: tuple[int, ...]  # layer -> geometry
+
+    @classmethod
+    def at(cls, model: Any, positions: torch.Tensor) -> RopeTables:
+        """The model's own tables at ``positions`` [n] (``model`` is a ``ModelAdapter``)."""
+        tables = [model.rope(positions, kind) for kind in range(max(model.rope_kinds) + 1)]
+        return cls(tuple(c for c, _ in tables), tuple(s for _, s in tables), tuple(model.rope_kinds))
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [n, d] of ``layer``."""
+        kind = self.kinds[layer]
+        return self.cos[kind], self.sin[kind]
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> RopeTables:
+        """The same tables with ``fn`` applied to each (a row subset, a reshape)."""
+        return RopeTables(tuple(map(fn, self.cos)), tuple(map(fn, self.sin)), self.kinds)
+
+    def rows(self, index: torch.Tensor) -> RopeTables:
+        """The tables of the rows ``index`` (indices or a bool mask into the n rows)."""
+        return self.map(lambda t: t[index])

@@ -17,60 +17,8 @@ import torch
 import torch.nn.functional as F
 
 
-SUPPORTED = {
-    "llama": "Llama 2/3 (incl. llama3 rope scaling), SmolLM2",
-    "mistral": "Mistral",
-    "qwen2": "Qwen2 / Qwen2.5",
-    "qwen3": "Qwen3 (q/k norm)",
-}
-
-
-_GROUPS = 8  # query groups for partial-row attention (measured: 8 is fastest at 3k tokens, 15%)
-_GROUP_MIN_ROWS = 64
-
-
 class UnsupportedModelError(ValueError):
     """The model's architecture has no adapter."""
-
-
-class RowPlan:
-    """How a sorted subset of a prompt's rows attends, built once per check layer of a blend and
-    used by every layer until the next one.
-
-    The rows are split into ``_GROUPS`` contiguous groups (one below ``_GROUP_MIN_ROWS`` rows); a
-    group attends only to the keys up to its last row. Building the plan reads the groups' first
-    and last positions to the host, the one host sync of a check layer; each group's additive
-    mask is built on first use per (sliding window, dtype) and reused by the later layers.
-    """
-
-    def __init__(self, q_pos: torch.Tensor, num_keys: int) -> None:
-        self.q_pos = q_pos  # [n] sorted positions
-        n = q_pos.shape[0]
-        self.causal = n == num_keys  # every row: the causal kernel applies
-        splits = torch.tensor_split(torch.arange(n), _GROUPS if n >= _GROUP_MIN_ROWS else 1)  # host-side
-        bounds = [(int(c[0]), int(c[-1])) for c in splits if len(c)]  # first and last row of each group
-        first, last = q_pos[torch.tensor(bounds, device=q_pos.device).T].tolist()  # the one host read
-        self._rows = [(a, z + 1, p0, p1) for (a, z), p0, p1 in zip(bounds, first, last)]  # (a, b, pos of a, of b-1)
-        self._masks: dict[tuple[int | None, torch.dtype], list[torch.Tensor]] = {}
-
-    def groups(self, window: int | None) -> list[tuple[int, int, int, int]]:
-        """(a, b, lo, hi): rows [a, b) attend to keys [lo, hi) (key index == position)."""
-        return [(a, b, 0 if window is None else max(0, p0 - window + 1), p1 + 1) for a, b, p0, p1 in self._rows]
-
-    def masks(self, window: int | None, dtype: torch.dtype) -> list[torch.Tensor]:
-        """Per group, the additive mask [1, 1, b-a, hi-lo]: 0 where a row sees a key, -inf elsewhere
-        (what SDPA makes of a boolean mask, made once)."""
-        if (window, dtype) not in self._masks:
-            masks = []
-            for a, b, lo, hi in self.groups(window):
-                q_pos, k_pos = self.q_pos[a:b, None], torch.arange(lo, hi, device=self.q_pos.device)[None]
-                seen = k_pos <= q_pos  # [b-a, hi-lo]
-                if window is not None:
-                    seen &= k_pos > q_pos - window
-                mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
-                masks.append(mask[None, None])
-            self._masks[(window, dtype)] = masks
-        return self._masks[(window, dtype)]
 
 
 class ModelAdapter:
@@ -89,6 +37,7 @@ class ModelAdapter:
         self.scaling = attn.scaling
         self.max_positions = int(self.config.max_position_embeddings)
         self._windows = [_layer_window(self.config, i) for i in range(self.num_layers)]
+        self.rope_kinds = [0] * self.num_layers  # layer -> rotary geometry (``rope``'s ``kind``)
 
     @property
     def device(self) -> torch.device:
@@ -103,11 +52,15 @@ class ModelAdapter:
         """ids [B, n] -> hidden [B, n, hidden]."""
         return self.body.embed_tokens(ids)
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin tables [n, head_dim] at ``positions`` [n], from the model's own rotary embedding."""
+    def rope(self, positions: torch.Tensor, kind: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin tables [n, head_dim] at ``positions`` [n], from the model's own rotary embedding,
+        for the rotary geometry ``kind`` (an entry of ``rope_kinds``; one geometry unless overridden)."""
         probe = torch.empty(0, device=self.device, dtype=self.dtype)
-        cos, sin = self.body.rotary_emb(probe, positions[None])
+        cos, sin = self.body.rotary_emb(probe, positions[None], *self._rope_args(kind))
         return cos[0], sin[0]
+
+    def _rope_args(self, kind: int) -> tuple:
+        return ()
 
     def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Input norm + projections. h [B, n, hidden] -> q [B,H,n,d], k [B,Hkv,n,d], v [B,Hkv,n,d].
@@ -162,23 +115,15 @@ class ModelAdapter:
             out = self._masked(q, k, v, q_pos, k_pos, window, key_valid)
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
-    def attend_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: RowPlan) -> torch.Tensor:
-        """Attention of the rows of ``plan`` (sorted positions) over a whole prompt's keys.
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (None for full attention)."""
+        return self._windows[layer]
 
-        q [1,H,n,d] (rotated) at plan.q_pos; k, v [1,Hkv,N,d] at positions 0..N-1. Each group of
-        rows attends only to the keys up to its last row (most masked-out work skipped), with the
-        masks the plan built once. Returns [1, n, H*d]."""
-        window = self._windows[layer]
-        if plan.causal and window is None:
-            return self.attend(layer, q, k, v, plan.q_pos, plan.q_pos)
-        parts = []
-        for (a, b, lo, hi), mask in zip(plan.groups(window), plan.masks(window, q.dtype)):
-            rows, keys = slice(a, b), slice(lo, hi)  # contiguous slices, no gather
-            out = F.scaled_dot_product_attention(
-                q[:, :, rows], k[:, :, keys], v[:, :, keys], attn_mask=mask, scale=self.scaling, enable_gqa=True
-            )  # [1, H, b-a, d]
-            parts.append(out.transpose(1, 2))  # [1, b-a, H, d]
-        return torch.cat(parts, dim=1).reshape(q.shape[0], q.shape[2], -1)
+    def attend_block(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One block of rows over one block of keys with an additive mask: q [1,H,n,d] (rotated),
+        k, v [1,Hkv,m,d], mask [1,1,n,m]. Returns [1, n, H, d]."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
+        return out.transpose(1, 2)
 
     def _masked(self, q, k, v, q_pos, k_pos, window, key_valid) -> torch.Tensor:
         mask = k_pos[None, :] <= q_pos[:, None]  # [n, N]
@@ -251,19 +196,61 @@ class Qwen3Adapter(ModelAdapter):
         return attn.k_norm(k)
 
 
-_ADAPTERS = {"llama": ModelAdapter, "mistral": ModelAdapter, "qwen2": ModelAdapter, "qwen3": Qwen3Adapter}
+class Gemma3Adapter(Qwen3Adapter):
+    """Gemma 3 (text): Qwen3's q/k norms, plus
+
+    - two rotary geometries: ``config.rope_parameters`` per layer type (base 10k on sliding layers,
+      1M on full ones), so each layer rotates with its own type's tables (``rope_kinds``);
+    - sandwich norms: the attention output and the MLP output are normed before their residual adds,
+      and the MLP input has its own norm;
+    - an optional final logit soft-cap. The scaled embedding (sqrt(hidden)) lives in the embedding
+      module and the query scale (``query_pre_attn_scalar``) in ``attn.scaling``: nothing to add here.
+    """
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self._layer_types = sorted(set(self.config.layer_types))  # the geometries, as the model orders them
+        self.rope_kinds = [self._layer_types.index(t) for t in self.config.layer_types]
+
+    def _rope_args(self, kind: int) -> tuple:
+        return (self._layer_types[kind],)
+
+    def finish(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        block = self.layers[layer]
+        h = h + block.post_attention_layernorm(block.self_attn.o_proj(attn_out))
+        return h + block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(h)))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits = super().logits(h)
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+_FAMILIES = {  # config.model_type -> (adapter, what it covers)
+    "llama": (ModelAdapter, "Llama 2/3 (incl. llama3 rope scaling), SmolLM2"),
+    "mistral": (ModelAdapter, "Mistral"),
+    "qwen2": (ModelAdapter, "Qwen2 / Qwen2.5"),
+    "qwen3": (Qwen3Adapter, "Qwen3 (q/k norm)"),
+    "gemma3_text": (Gemma3Adapter, "Gemma 3 text (q/k norm, sandwich norms, two RoPE bases, sliding window)"),
+}
+SUPPORTED = {name: about for name, (_, about) in _FAMILIES.items()}
 
 
 def adapt(model: Any) -> ModelAdapter:
     """The adapter for ``model``; a clear error for an architecture without one."""
     model_type = getattr(model.config, "model_type", type(model).__name__)
-    if model_type not in _ADAPTERS:
+    if model_type not in _FAMILIES:
         names = "; ".join(f"{k} ({v})" for k, v in SUPPORTED.items())
         raise UnsupportedModelError(f"model type {model_type!r} is not supported; cacheblend supports: {names}")
-    rope_type = (getattr(model.config, "rope_parameters", None) or {}).get("rope_type", "default")
-    if rope_type == "dynamic":
+    rope = getattr(model.config, "rope_parameters", None) or {}
+    per_type = [p for p in rope.values() if isinstance(p, dict)] or [rope]  # Gemma 3: one entry per layer type
+    if any(p.get("rope_type", "default") == "dynamic" for p in per_type):
         raise UnsupportedModelError("dynamic NTK rope changes with the sequence length; cached keys cannot be reused")
-    return _ADAPTERS[model_type](model)
+    if getattr(model.config, "attn_logit_softcapping", None) is not None:
+        raise UnsupportedModelError("attention logit soft-capping is not supported (the attention kernel has none)")
+    if getattr(model.config, "use_bidirectional_attention", False):
+        raise UnsupportedModelError("bidirectional attention is not a causal LM: chunk KV cannot be reused")
+    return _FAMILIES[model_type][0](model)
 
 
 def _layer_window(config: Any, layer: int) -> int | None:

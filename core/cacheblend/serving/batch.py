@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..models.adapter import ModelAdapter
-from ..blending.rope import apply_rope
+from ..blending.rope import RopeTables, apply_rope
 
 _ROUND = 256  # capacity grows in steps of this many positions
 
@@ -92,11 +92,11 @@ class SlotKV:
         width = max(self.lengths) + 1
         pos = torch.tensor(self.lengths, device=a.device)  # [B] position of each new token
         rows = torch.arange(b, device=a.device)
-        cos, sin = a.rope(pos)  # [B, d]
-        cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, d]: one position per row
+        tables = RopeTables.at(a, pos).map(lambda t: t[:, None, None])  # [B, 1, 1, d]: one position per row
         h = a.embed(torch.tensor(tokens, device=a.device)[:, None])  # [B, 1, hidden]
         for layer in range(a.num_layers):
             q, k, v = a.qkv(layer, h)  # q [B,H,1,d]; k, v [B,Hkv,1,d]
+            cos, sin = tables.layer(layer)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             keys, values = self.k[layer], self.v[layer]
             keys[rows, :, pos] = k[:, :, 0]  # [B, Hkv, d] written at each row's position
