@@ -1,11 +1,11 @@
 """The catalogue's models as safetensors: each GGUF converted once, under the cache directory.
 
-transformers dequantizes a GGUF to fp32 on every load (about 25 s for SmolLM2 and Qwen2.5 0.5B,
-about 200 s for Gemma 3's 262k-token embedding), so the first use of an alias converts it: the
+transformers dequantizes a GGUF to fp32 on every load (36 to 87 s on 2 busy CPU cores, Gemma 3's
+262k-token vocabulary the slowest: docs/runs/convert_models.json), so the first use converts it: the
 GGUF is found or assembled from its pip packages and verified (``catalog``), loaded, and saved as
 safetensors into a temporary folder renamed into place, so an interrupted conversion leaves
 nothing behind (a killed one's leftovers are removed by the next) and two processes converting at
-once both end with one whole copy. Later loads read the safetensors copy in about a second. The
+once both end with one whole copy. Later loads read the safetensors copy in seconds. The
 assembled GGUF is deleted once converted.
 """
 
