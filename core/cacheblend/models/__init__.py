@@ -1,8 +1,9 @@
 """Models: the transformers adapter, loading, and the offline models installed from PyPI.
 
 ``adapter.py`` is the only module that touches transformers internals. A new model family is a
-small ``ModelAdapter`` subclass there (override the hooks that differ, e.g. ``_norm_q``/``_norm_k``
-for q/k norms) registered in ``_ADAPTERS`` and described in ``SUPPORTED``.
+small ``ModelAdapter`` subclass there (override the hooks that differ: ``_norm_q``/``_norm_k`` for
+q/k norms, ``finish`` for other norm placements, ``rope_kinds``/``_rope_args`` for per-layer rotary
+geometries, as ``Gemma3Adapter`` does) and one row of ``_FAMILIES``.
 
 ``catalog.py`` lists the models that install as GGUF from pip packages (alias, packages pinned,
 checksums) and assembles and verifies their files; ``bundled.py`` converts each once to
