@@ -16,6 +16,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import openapi
 
 from .metrics import Metrics
 from .protocol import APIError, bad, parse_chat, parse_completion, parse_documents
@@ -61,10 +64,20 @@ def create_app(
         metrics.request(request.url.path, exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
-    app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"])
-    app.add_api_route("/v1/completions", service.completions, methods=["POST"])
-    app.add_api_route("/v1/documents", service.documents, methods=["POST"])
-    app.add_api_route("/v1/models", service.models, methods=["GET"])
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        """Starlette's own errors (no such route, wrong method) in OpenAI's format too."""
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        error = APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
+        return await api_error(request, error)
+
+    names = service.names
+    app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"],
+                      openapi_extra=openapi.generation_extra(openapi.chat_body(names)))
+    app.add_api_route("/v1/completions", service.completions, methods=["POST"],
+                      openapi_extra=openapi.generation_extra(openapi.completion_body(names)))
+    app.add_api_route("/v1/documents", service.documents, methods=["POST"], openapi_extra=openapi.documents_extra())
+    app.add_api_route("/v1/models", service.models, methods=["GET"], openapi_extra=openapi.models_extra())
     app.add_api_route("/health", service.health, methods=["GET"])
     app.add_api_route("/metrics", service.prometheus, methods=["GET"])
     return app
