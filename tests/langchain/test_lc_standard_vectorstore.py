@@ -135,6 +135,7 @@ class TestCacheBlendFAISSStandard(_Padded, _FaissGaps, VectorStoreIntegrationTes
         store.accepted = []
         yield store
         # every text the suite added (and the store accepted) was warmed: its records are in the engine
+        assert {d.page_content for d in store.documents()} <= set(store.accepted)  # no add went unseen
         assert all(len(t.strip()) >= MIN_CHARS and t.endswith(PAD) for t in store.accepted)
         cold = [t for t in store.accepted if not engine.is_warm(t)]
         assert not cold, f"added but not warmed: {cold}"
