@@ -3,6 +3,7 @@ blending on vs ``recompute_ratio=1.0`` (full prefill), against one ``cacheblend 
 
     .venv/bin/python benchmarks/bench_serve.py --out bench_serve_out
     .venv/bin/python benchmarks/bench_serve.py --concurrency 1,4,8 --requests 8 --chunks 4 --chunk-tokens 256
+    .venv/bin/python benchmarks/bench_serve.py --quick    # levels 1,2, 2 requests of 2 short chunks, 4 tokens
 
 The server runs as a subprocess (its own interpreter: no GIL shared with the clients) on a free
 loopback port with a memory-only store; the pydoc passages are warmed through ``/v1/documents``
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+from runfile import RunRecord, add_common
 
 MODES = {"blend": None, "full prefill": 1.0}
 
@@ -54,14 +56,10 @@ def start_server(args, port: int) -> subprocess.Popen:
 
 
 def workload(args):
-    from transformers import AutoTokenizer
-
-    from cacheblend.models import bundled
+    from cacheblend import shared_engine
     from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
 
-    source = bundled.converted_dir() if args.model == bundled.ALIAS else args.model
-    tok = AutoTokenizer.from_pretrained(str(source))
-    count = lambda t: len(tok(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count = shared_engine(args.model, device="cpu").count_tokens  # the model's own tokenizer (weights loaded here too)
     passages = [p for p in pydoc_passages(count, args.chunk_tokens) if count(p.text) >= args.chunk_tokens * 3 // 4]
     examples = pydoc_workload(passages, args.requests * len(args.levels), args.chunks, seed=args.seed)
     return examples, count
@@ -123,8 +121,7 @@ async def level(url, model, examples, ratio, concurrency, max_tokens) -> dict:
     }
 
 
-def run(args) -> list[dict]:
-    examples, _ = workload(args)
+def run(args, examples) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -187,7 +184,7 @@ def report(rows: list[dict], args, out: Path, prompt_tokens: int) -> str:
         lines.append(f"- concurrency {c}: TTFT p50 {speed:.2f}x lower with blending")
     text = "\n".join(lines) + "\n"
     (out / "bench_serve.md").write_text(text)
-    (out / "bench_serve.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    (out / "bench_serve.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str))
     plot(rows, args.levels, out / "bench_serve.png")
     return text
 
@@ -215,9 +212,9 @@ def plot(rows: list[dict], levels: list[int], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    add_common(p, quick="concurrency 1,2, 2 requests per level of 2 chunks of up to 64 tokens, 4 output tokens, 1 repeat")
     p.add_argument("--concurrency", default="1,4,8")
     p.add_argument("--requests", type=int, default=8, help="requests per concurrency level and mode")
     p.add_argument("--chunks", type=int, default=4)
@@ -228,14 +225,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3,
                    help="runs of each level and mode, alternating modes; the table shows medians over them")
     p.add_argument("--out", default="bench_serve_out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.requests, args.chunks, args.chunk_tokens = "1,2", 2, 2, 64
+        args.max_tokens, args.repeats = 4, 1
     args.levels = [int(x) for x in args.concurrency.split(",")]
+    record = RunRecord.start(args)
     examples, count = workload(args)
     prompt_tokens = round(statistics.mean(sum(count(t) for t in ex.passages) for ex in examples))
     started = time.perf_counter()
-    rows = run(args)
+    rows = run(args, examples)
     print("\n" + report(rows, args, Path(args.out), prompt_tokens))
     print(f"{time.perf_counter() - started:.0f}s; wrote {args.out}/bench_serve.md, .json, .png")
+    record.write(args.run_file, {"args": vars(args), "prompt_tokens": prompt_tokens, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """A/B of the blended prefill against the code at a git ref, interleaved in one process.
 
     .venv/bin/python benchmarks/blend_ab.py --ref integration --prompts 2 --repeats 5
+    .venv/bin/python benchmarks/blend_ab.py --quick     # HEAD against the working tree, 1 short prompt
 
 Loads ``blending/blend.py`` and ``models/adapter.py`` as they are at ``--ref`` next to the
-working tree's, then times ``engine.prefill`` on pydoc prompts (6 x ~512 tokens, chunk KV in the
+working tree's, then times ``engine.prefill`` on pydoc prompts (``--chunks`` x ~512 tokens, chunk KV in the
 memory tier) alternating the two, plus full prefill. Prints median TTFT per side and the
 new/old ratio (also as the median of the back-to-back pairs' ratios, less sensitive to load
 changes): on shared CPUs only ratios within one run mean anything. It also prints, per prompt, the
@@ -23,6 +24,7 @@ from pathlib import Path
 import cacheblend.engine as engine_mod
 from cacheblend import BlendEngine
 from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
+from runfile import RunRecord, add_common
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,15 +57,21 @@ def load_at(ref: str, path: str, name: str, package: str, siblings: tuple[str, .
     return module
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ref", default="integration")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(ap, quick="--ref HEAD, 1 prompt of 2 passages of up to 96 tokens, 1 repeat")
+    ap.add_argument("--ref", default="integration", help="the git ref of the old side")
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ratio", type=float, default=0.15)
+    ap.add_argument("--chunks", type=int, default=6)
+    ap.add_argument("--chunk-tokens", type=int, default=512, help="pydoc passages of at most this, at least 3/4 of it")
     ap.add_argument("--old-clone", action="store_true", help="old side: the cache clone of refs before 9c02532")
-    args = ap.parse_args()
-    engine = BlendEngine.from_pretrained()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.ref, args.prompts, args.repeats, args.chunks, args.chunk_tokens = "HEAD", 1, 1, 2, 96
+    record = RunRecord.start(args)
+    engine = BlendEngine.from_pretrained(args.model)
     blend_path = "core/cacheblend/blending/blend.py"
     old_blend = load_at(args.ref, blend_path, "ab_old_blend", "cacheblend.blending", ("feed", "rope"))
     old_adapter = load_at(args.ref, "core/cacheblend/models/adapter.py", "ab_old_adapter", "cacheblend.models")
@@ -71,10 +79,12 @@ def main() -> None:
         "new": (engine.adapter, engine_mod.blend_prefill),
         "old": (old_adapter.adapt(engine.adapter.model), old_blend.blend_prefill),
     }
-    passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
-    examples = pydoc_workload(passages, args.prompts, 6)
+    lo = args.chunk_tokens * 3 // 4
+    passages = [p for p in pydoc_passages(engine.count_tokens, args.chunk_tokens) if engine.count_tokens(p.text) >= lo]
+    examples = pydoc_workload(passages, args.prompts, args.chunks)
     engine.warm(sorted({p for ex in examples for p in ex.passages}))
     times: dict[str, list[float]] = {"new": [], "old": [], "full": []}
+    diffs = []
     for ex in examples:
         req = dict(chunks=ex.passages, query=ex.question)
         outputs = []
@@ -92,12 +102,14 @@ def main() -> None:
                     outputs.append(pre.output)
             engine.adapter, engine_mod.blend_prefill = sides["new"]
             times["full"].append(engine.prefill(**req, recompute_ratio=1.0).stats.ttft_s)
-        print(f"{len(ex.passages)} chunks: new vs old max |diff| {_max_diff(*outputs[:2]):.3g} (logits and KV)")
+        diffs.append(_max_diff(*outputs[:2]))
+        print(f"{len(ex.passages)} chunks: new vs old max |diff| {diffs[-1]:.3g} (logits and KV)")
     med = {k: statistics.median(v) for k, v in times.items()}
     pairs = statistics.median(a / b for a, b in zip(times["new"], times["old"]))
     print(f"ratio {args.ratio}: new {med['new']:.3f}s, old ({args.ref}) {med['old']:.3f}s, "
           f"new/old {med['new'] / med['old']:.3f} (median of pairs {pairs:.3f})")
     print(f"speedup vs full prefill ({med['full']:.3f}s): new {med['full'] / med['new']:.2f}x, old {med['full'] / med['old']:.2f}x")
+    record.write(args.run_file, {"median_s": med, "new_over_old_pairs": pairs, "max_diff": diffs, "times": times})
 
 
 def _max_diff(a, b) -> float:

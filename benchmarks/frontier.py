@@ -1,6 +1,7 @@
 """The speed/quality frontier of every method (issue 10), from ``select_eval.py --json`` runs.
 
     .venv/bin/python benchmarks/frontier.py docs/frontier.png runs/pydoc.json runs/musique.json runs/facts.json
+    .venv/bin/python benchmarks/frontier.py --quick /tmp/frontier.png    # one committed run file
 
 One panel per dataset: x is the prefill speedup over full prefill (the median ratio measured in
 the same run as the quality, one thread), y the mean KL(full prefill || method) over the
@@ -11,10 +12,14 @@ sit low and to the right.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from pathlib import Path
+
+from runfile import ROOT, RunRecord, add_common
+
+QUICK_INPUT = ROOT / "docs" / "runs" / "select_pydoc_report.json"
 
 
 def family(name: str) -> tuple[str, float]:
@@ -38,14 +43,25 @@ def family(name: str) -> tuple[str, float]:
     return names.get(name, name), 1.0 if name.startswith("full ") else 0.15
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(ap, model=False, quick=f"plot {QUICK_INPUT.relative_to(ROOT)} alone")
+    ap.add_argument("out", help="the PNG to write")
+    ap.add_argument("runs", nargs="*", metavar="RUN_JSON", help="select_eval.py --run-file outputs, one panel each")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.runs = [str(QUICK_INPUT)]
+    if not args.runs:
+        ap.error("give at least one run file")
+    record = RunRecord.start(args)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out, paths = Path(sys.argv[1]), sys.argv[2:]
+    out, paths = Path(args.out), args.runs
     runs = [json.loads(Path(path).read_text()) for path in paths]
+    record.model = ", ".join(sorted({r.get("run", {}).get("model") or "smollm2-135m-instruct (before run files)" for r in runs}))
     labels = sorted({family(n)[0] for data in runs for n in data["methods"] if n != "full prefill"})
     colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}  # one colour per method in every panel
     fig, axes = plt.subplots(2, len(paths), figsize=(5.2 * len(paths), 8.2), squeeze=False)
@@ -72,6 +88,7 @@ def main() -> None:
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
+    record.write(args.run_file, {"out": str(out), "inputs": paths})
 
 
 if __name__ == "__main__":

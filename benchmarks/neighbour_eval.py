@@ -2,6 +2,7 @@
 blend closer to full prefill than its KV computed alone?
 
     python benchmarks/neighbour_eval.py --split dev --count 15
+    python benchmarks/neighbour_eval.py --quick     # 1 question, alone and behind 1 similar passage
 
 On the generated fact set (cacheblend.tools.factset), for each question the six passages are
 warmed under one of these contexts (always after the chat template's system header, the default
@@ -25,6 +26,7 @@ import random
 import statistics
 
 import torch
+from runfile import RunRecord, add_common
 from select_eval import PREFIX, STOP, _compare
 
 from cacheblend import BlendConfig, shared_engine
@@ -59,14 +61,18 @@ def warm_behind(engine, q, mode: str, k: int, pool: list[str], primers: list[str
         engine.stores.memory.put(ChunkRecord(key, kv.to("cpu", torch.float16).contiguous(), text))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(ap, quick="1 development question, warmed alone and behind 1 similar passage")
     ap.add_argument("--split", default="dev", choices=("dev", "report"))
     ap.add_argument("--count", type=int, default=15)
     ap.add_argument("--modes", default="alone:0,co-retrieved:2,co-retrieved:5,similar:2,unrelated:1,unrelated:2")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.split, args.count, args.modes = "dev", 1, "alone:0,similar:1"
+    record = RunRecord.start(args)
     torch.set_num_threads(1)
-    engine = shared_engine()
+    engine = shared_engine(args.model)
     qs = questions(args.split, args.count)
     pool = sorted({p for q in questions(args.split, 200) for p in q.passages})
     primers = [p.text for p in pydoc_passages(engine.count_tokens, 160)][100:300:100]
@@ -83,11 +89,15 @@ def main() -> None:
                 pre = engine.prefill(**req, config=cfg)
                 kl, top1, _ = _compare(p, pre, ref.token_ids, False, engine.eos_ids)
                 res.setdefault((name, mode, k), []).append((kl, top1))
-    print(f"| blend | warmed behind | mean KL | top-1 agreement |\n|---|---|---|---|")
+    print("| blend | warmed behind | mean KL | top-1 agreement |\n|---|---|---|---|")
+    rows = []
     for (name, mode, k), v in res.items():
         label = mode if mode == "alone" else f"{mode} {k}"
-        print(f"| {name} | {label} | {statistics.mean(x[0] for x in v):.4f} | {statistics.mean(x[1] for x in v):.3f} |")
+        rows.append({"blend": name, "warmed_behind": label, "kl": statistics.mean(x[0] for x in v),
+                     "top1": statistics.mean(x[1] for x in v)})
+        print(f"| {name} | {label} | {rows[-1]['kl']:.4f} | {rows[-1]['top1']:.3f} |")
     print(f"\nfacts, {args.split} split, {len(qs)} questions")
+    record.write(args.run_file, {"split": args.split, "questions": len(qs), "rows": rows})
 
 
 if __name__ == "__main__":

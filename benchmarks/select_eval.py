@@ -1,6 +1,7 @@
 """Selector experiments on the generated fact set (cacheblend.tools.factset): accuracy, agreement and KL.
 
     .venv/bin/python benchmarks/select_eval.py --split dev --count 120 --methods reuse,deviation,query
+    .venv/bin/python benchmarks/select_eval.py --quick     # 1 dev fact question, reuse and deviation
 
 One engine per warming setting (chunks alone, or behind their K most similar passages of the
 split's pool: the ``nbK`` methods), each warmed once; per question one full prefill (the reference), then every method:
@@ -26,6 +27,7 @@ from cacheblend.stores.record import ChunkRecord
 from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import token_f1
+from runfile import DEFAULT_MODEL, RunRecord, add_common
 from cacheblend.blending.selection import (
     ChunkStartSelector,
     CombinedSelector,
@@ -139,8 +141,9 @@ def examples(dataset: str, split: str, count: int, engine, start: int = 0) -> li
     return (data[:50] if split == "dev" else data[50:150])[start : start + count]
 
 
-def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print, start: int = 0) -> dict[str, dict]:
-    shared = shared_engine()
+def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print, start: int = 0,
+        model: str = DEFAULT_MODEL) -> dict[str, dict]:
+    shared = shared_engine(model)
     model, tok = shared.adapter.model, shared.tokenizer
     room = 8 << 30  # every chunk of a large pool stays in memory (MuSiQue's 30 prompts hold ~2.2 GB of fp16 KV)
     engine = BlendEngine(model, tok, config=C, memory_bytes=room)  # chunks alone
@@ -292,8 +295,9 @@ def table(summary: dict[str, dict], count: int) -> str:
     return "\n".join(lines) + f"\n\n{count} questions"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(ap, quick="1 development fact question, methods reuse and deviation, 8 answer tokens")
     ap.add_argument("--dataset", default="facts", help="facts, pydoc, or a MuSiQue-format JSON path")
     ap.add_argument("--split", default="dev", choices=("dev", "report"))
     ap.add_argument("--count", type=int, default=120)
@@ -301,19 +305,27 @@ def main() -> None:
     ap.add_argument("--methods", default="reuse,deviation,random,chunk_start")
     ap.add_argument("--answer-tokens", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 suits shared CPUs)")
-    ap.add_argument("--json", default=None, help="also write the per-method means here (benchmarks/frontier.py plots them)")
+    ap.add_argument("--json", dest="run_file", default=None,
+                    help="the same as --run-file: the per-method means with the run's metadata (benchmarks/frontier.py plots them)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="run nothing: print one table from --json files of runs over disjoint questions (and write it to --json)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.dataset, args.split, args.count, args.start = "facts", "dev", 1, 0
+        args.methods, args.answer_tokens = "reuse,deviation", 8
+    record = RunRecord.start(args)
     if args.merge:
         runs = [json.loads(Path(p).read_text()) for p in args.merge]
         if len({(r["meta"]["dataset"], r["meta"]["split"]) for r in runs}) != 1:
             raise SystemExit("the runs to merge must be of one dataset and split")
+        models = {r.get("run", {}).get("model", DEFAULT_MODEL) for r in runs}  # runs before run files: the bundled model
+        if len(models) != 1:
+            raise SystemExit(f"the runs to merge must be of one model, not {sorted(models)}")
+        record.model = models.pop()
         merged, count = merge([(r["meta"]["count"], r["methods"]) for r in runs]), sum(r["meta"]["count"] for r in runs)
         print(table(merged, count))
-        if args.json:
-            meta = dict(runs[0]["meta"], start=min(r["meta"].get("start", 0) for r in runs), count=count, merged=args.merge)
-            Path(args.json).write_text(json.dumps({"meta": meta, "methods": merged}, indent=2))
+        meta = dict(runs[0]["meta"], start=min(r["meta"].get("start", 0) for r in runs), count=count, merged=args.merge)
+        record.write(args.run_file, {"meta": meta, "methods": merged})
         return
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -322,13 +334,12 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
     started = time.time()
-    rows = run(args.dataset, args.split, args.count, names, args.answer_tokens, start=args.start)
+    rows = run(args.dataset, args.split, args.count, names, args.answer_tokens, start=args.start, model=args.model)
     summary, count = summarize(rows), len(rows["full prefill"]["kl"])
     print(table(summary, count))
     print(f"{args.dataset}, {args.split} split, {time.time() - started:.0f} s")
-    if args.json:
-        meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": count}
-        Path(args.json).write_text(json.dumps({"meta": meta, "methods": summary}, indent=2))
+    meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": count}
+    record.write(args.run_file, {"meta": meta, "methods": summary})
 
 
 if __name__ == "__main__":

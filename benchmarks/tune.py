@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/tune.py --prompts 8            # pydoc prompts, 6 x ~512 tokens
     .venv/bin/python benchmarks/tune.py --musique ../shared/data/musique_s.json --prompts 8
+    .venv/bin/python benchmarks/tune.py --quick      # 1 prompt of 2 short passages, 2 sweep settings
 
 Each row: mean KL(full prefill || blend) over the full-prefill answer's tokens (lower is closer)
 and the recomputed share of the prompt. Only
@@ -17,6 +18,7 @@ import time
 from cacheblend import BlendConfig, BlendEngine, shared_engine
 from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from cacheblend.tools.quality import answer_kl
+from runfile import RunRecord, add_common
 
 ANSWER_TOKENS = 24
 
@@ -45,19 +47,25 @@ def table(title: str, results: dict[str, list]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(ap, quick="1 pydoc prompt of 2 passages of up to 96 tokens, the context rows and 2 sweep settings")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--musique", help="MuSiQue-format JSON; uses examples 0-49 only")
     ap.add_argument("--chunks", type=int, default=6)
-    args = ap.parse_args()
+    ap.add_argument("--chunk-tokens", type=int, default=512, help="pydoc passages of at most this, at least 3/4 of it")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.prompts, args.chunks, args.chunk_tokens, args.musique = 1, 2, 96, None
+    record = RunRecord.start(args)
 
-    base = shared_engine()
+    base = shared_engine(args.model)
     model, tok = base.adapter.model, base.tokenizer
     if args.musique:
         examples = load_musique(args.musique, args.chunks)[:50][: args.prompts]
     else:
-        passages = [p for p in pydoc_passages(base.count_tokens) if base.count_tokens(p.text) >= 384]
+        lo = args.chunk_tokens * 3 // 4
+        passages = [p for p in pydoc_passages(base.count_tokens, args.chunk_tokens) if base.count_tokens(p.text) >= lo]
         examples = pydoc_workload(passages, args.prompts, args.chunks, seed=1)
     texts = sorted({p for ex in examples for p in ex.passages})
     started = time.time()
@@ -84,10 +92,14 @@ def main() -> None:
         "deviation V, layer 1, 5%": BlendConfig(ratios=(0.05,)),
         "deviation V, layer 1, 30%": BlendConfig(ratios=(0.3,)),
     }
+    if args.quick:
+        sweep = dict(list(sweep.items())[:2])
     settings.update({name: (engine, cfg) for name, cfg in sweep.items()})
     results = measure(examples, settings, engine)
     print(table("Chunk context, selector, measure and check layers", results))
     print(f"\n{len(examples)} prompts, {len(texts)} chunks, {time.time() - started:.0f} s")
+    record.write(args.run_file, {"prompts": len(examples), "chunks": len(texts),
+                                 "results": {name: [{"kl": kl, "share": share} for kl, share in rows] for name, rows in results.items()}})
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Warming tokens/s against full-prefill tokens/s on the same tokens, interleaved in one process.
 
     .venv/bin/python benchmarks/warm_rate.py --chunks 12 --repeats 3
+    .venv/bin/python benchmarks/warm_rate.py --quick     # 2 passages of up to 96 tokens, 1 repeat
 
-Takes ``--chunks`` pydoc passages (~384-512 tokens each) and times, alternately:
+Takes ``--chunks`` pydoc passages (~384-512 tokens each: ``--chunk-tokens``) and times, alternately:
 - warming: ``encode_padded`` in batches of 8, what ``engine.warm`` runs (explicit-mask path);
 - equal-length: ``encode_grouped`` (equal-length sub-batches, causal kernel), the alternative;
 - full prefill: one prefill over the same tokens concatenated in groups of 6 (~3,000 tokens,
@@ -26,16 +27,23 @@ from cacheblend.blending.blend import BlendInput, blend_prefill
 from cacheblend.blending.encode import encode_padded, encode_grouped
 from cacheblend.blending.selection import NoneSelector
 from cacheblend.tools.datasets import pydoc_passages
+from runfile import RunRecord, add_common
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(ap, quick="2 pydoc passages of up to 96 tokens, 1 repeat")
     ap.add_argument("--chunks", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    engine = BlendEngine.from_pretrained()
+    ap.add_argument("--chunk-tokens", type=int, default=512, help="pydoc passages of at most this, at least 3/4 of it")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.chunks, args.repeats, args.chunk_tokens = 2, 1, 96
+    record = RunRecord.start(args)
+    engine = BlendEngine.from_pretrained(args.model)
     model, ctx = engine.adapter, engine.context_ids
-    passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
+    lo = args.chunk_tokens * 3 // 4
+    passages = [p for p in pydoc_passages(engine.count_tokens, args.chunk_tokens) if engine.count_tokens(p.text) >= lo]
     chunks = [engine.encode_chunk(p.text).ids for p in passages[: args.chunks]]
     tokens = sum(map(len, chunks))
 
@@ -81,10 +89,13 @@ def main() -> None:
             fn()
             rates[name].append((computed.get(name, tokens), time.perf_counter() - t))
     print(f"{len(chunks)} chunks, {tokens} tokens, {args.repeats} interleaved repeats (median tokens/s):")
+    out = {}
     for name, r in rates.items():
         chunk_rate = statistics.median(tokens / t for _, t in r)
         done = statistics.median(n / t for n, t in r)
+        out[name] = {"chunk_tokens_per_s": chunk_rate, "computed_tokens_per_s": done, "runs": r}
         print(f"  {name:30s} {chunk_rate:7.0f} chunk tokens/s {done:7.0f} computed tokens/s (context included)")
+    record.write(args.run_file, {"chunks": len(chunks), "tokens": tokens, "repeats": args.repeats, "rates": out})
 
 
 if __name__ == "__main__":
