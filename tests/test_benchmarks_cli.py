@@ -1,0 +1,191 @@
+"""Every benchmark script: ``--help`` exits without work, ``--quick`` runs end to end and writes a run
+file that names its command, commit, date, model and machine load; benchmarks/figures.py finds a
+committed run file for every figure marker (benchmarks/README.md has the convention).
+
+The quick runs use the tiny random Llama (``tiny_model_dir``, passed with ``--model``: the
+default model is the bundled one, which test_default_model_is_the_engines checks), so they take
+seconds each; they prove each script runs end to end, not its figures.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name != "runfile.py")  # runfile.py: the shared module
+NO_MODEL = {"frontier.py", "figures.py"}  # they run no model
+
+
+def _env() -> dict:
+    path = os.pathsep.join([str(BENCH), str(ROOT / "core"), os.environ.get("PYTHONPATH", "")])
+    return os.environ | {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _run(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_runfile_is_the_only_module_and_every_script_is_listed_in_the_readme():
+    readme = (BENCH / "README.md").read_text()
+    missing = [s for s in [*SCRIPTS, "gpu_check.sh"] if f"`{s}`" not in readme]
+    assert not missing, f"benchmarks/README.md does not describe {missing}"
+    assert "__main__" not in (BENCH / "runfile.py").read_text()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_exits_before_any_work(script, tmp_path):
+    proc = _run([sys.executable, str(BENCH / script), "--help"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage:") and "--quick" in proc.stdout
+    assert ("--model" in proc.stdout) == (script not in NO_MODEL)
+    assert "Loading weights" not in proc.stderr  # no model was loaded
+
+
+def test_gpu_check_help_and_bad_option():
+    proc = _run(["bash", str(BENCH / "gpu_check.sh"), "--help"], timeout=30)
+    assert proc.returncode == 0 and "--quick" in proc.stdout and "--model" in proc.stdout, proc.stderr
+    assert not (ROOT / "gpu_check_results.txt").exists()  # --help ran nothing
+    bad = _run(["bash", str(BENCH / "gpu_check.sh"), "--no-such-option"], timeout=30)
+    assert bad.returncode == 2 and "unknown option" in bad.stderr
+
+
+def test_default_model_is_the_engines():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from runfile import DEFAULT_MODEL
+    finally:
+        sys.path.remove(str(BENCH))
+    from cacheblend.models.bundled import ALIAS
+
+    assert DEFAULT_MODEL == ALIAS
+
+
+def _quick(script: str, tmp_path: Path, model: str | None, *extra: str) -> dict:
+    run_file = tmp_path / "run.json"
+    args = [sys.executable, str(BENCH / script), "--quick", "--run-file", str(run_file), *extra]
+    if model is not None:
+        args += ["--model", model]
+    proc = _run(args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(run_file.read_text())
+    run = data["run"]
+    assert run["command"].startswith(f"python benchmarks/{script} --quick --run-file ")
+    assert run["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", run["commit"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", run["date"])
+    assert run["machine"]["cpu_count"] == os.cpu_count()
+    assert len(run["machine"]["load_start"]) == 3 and len(run["machine"]["load_end"]) == 3
+    if script not in NO_MODEL:
+        assert run["model"] == (model or "smollm2-135m-instruct")
+    return data
+
+
+def test_facts_quick(tmp_path, tiny_model_dir):
+    data = _quick("facts.py", tmp_path, tiny_model_dir)
+    rows = {r["setting"]: r for r in data["rows"]}
+    assert data["questions"] == 2 and len(rows) == 4
+    assert rows["full prefill"]["mean_kl"] == 0.0
+    for r in rows.values():
+        assert 0 <= r["kept"] <= min(r["correct"], rows["full prefill"]["correct"])
+    assert rows["full reuse (alone)"]["mean_kl"] > 0
+
+
+def test_exact_prompts_quick(tmp_path, tiny_model_dir):
+    data = _quick("exact_prompts.py", tmp_path, tiny_model_dir)
+    assert [r["family"] for r in data["rows"]] == ["llama3_1", f"{tiny_model_dir} (real)"]
+    for r in data["rows"]:
+        assert r["identical"] and all(r["identical"].values()), r
+        assert 0.9 <= r["reused_langchain"] <= 1.0 and 0.9 <= r["reused_llamaindex"] <= 1.0
+
+
+def test_store_bench_quick(tmp_path, tiny_model_dir):
+    res = _quick("store_bench.py", tmp_path, tiny_model_dir)["results"]
+    assert set(res) == {"float16", "int8"}
+    assert res["int8"]["bytes_per_token"] < 0.6 * res["float16"]["bytes_per_token"]
+
+
+def test_select_eval_quick(tmp_path, tiny_model_dir):
+    data = _quick("select_eval.py", tmp_path, tiny_model_dir)
+    assert data["meta"]["count"] == 1 and set(data["methods"]) == {"full prefill", "reuse", "deviation"}
+    assert data["methods"]["reuse"]["share"] < data["methods"]["deviation"]["share"] < 1.0
+
+
+def test_neighbour_eval_quick(tmp_path, tiny_model_dir):
+    rows = _quick("neighbour_eval.py", tmp_path, tiny_model_dir)["rows"]
+    assert {(r["blend"], r["warmed_behind"]) for r in rows} == {
+        (b, w) for b in ("deviation 15%", "full reuse") for w in ("alone", "similar 1")}
+
+
+def test_tune_quick(tmp_path, tiny_model_dir):
+    data = _quick("tune.py", tmp_path, tiny_model_dir)
+    assert data["prompts"] == 1 and len(data["results"]) == 8  # 3 contexts x 2, and 2 sweep settings
+    assert all(row["kl"] >= 0 for rows in data["results"].values() for row in rows)
+
+
+def test_warm_rate_quick(tmp_path, tiny_model_dir):
+    rates = _quick("warm_rate.py", tmp_path, tiny_model_dir)["rates"]
+    assert len(rates) == 6 and all(r["chunk_tokens_per_s"] > 0 for r in rates.values())
+
+
+def test_blend_ab_quick(tmp_path, tiny_model_dir):
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("blend_ab.py compares against a git ref: this checkout has no git history")
+    data = _quick("blend_ab.py", tmp_path, tiny_model_dir)
+    assert set(data["median_s"]) == {"new", "old", "full"} and len(data["max_diff"]) == 1
+
+
+def test_bench_serve_quick(tmp_path, tiny_model_dir):
+    data = _quick("bench_serve.py", tmp_path, tiny_model_dir, "--out", str(tmp_path / "out"))
+    rows = {(r["mode"], r["concurrency"]): r for r in data["rows"]}
+    assert set(rows) == {(m, c) for m in ("blend", "full prefill") for c in (1, 2)}
+    assert all(rows[("blend", c)]["cached_share"] > 0.5 for c in (1, 2))  # the warmed passages were reused
+    assert all(rows[("full prefill", c)]["cached_share"] == 0 for c in (1, 2))
+    assert (tmp_path / "out" / "bench_serve.png").stat().st_size > 0
+
+
+def test_frontier_quick(tmp_path):
+    out = tmp_path / "frontier.png"
+    data = _quick("frontier.py", tmp_path, None, str(out))
+    assert data["inputs"] == [str(ROOT / "docs/runs/select_pydoc_report.json")]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+DEDICATED = {"facts.py", "exact_prompts.py", "store_bench.py", "select_eval.py", "neighbour_eval.py", "tune.py",
+             "warm_rate.py", "blend_ab.py", "bench_serve.py", "frontier.py", "figures.py"}  # tests above and below
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if s not in DEDICATED])
+def test_quick_of_every_other_script(script, tmp_path, tiny_model_dir):
+    """A script added later gets at least this: its quick mode runs and writes a run file."""
+    _quick(script, tmp_path, None if script in NO_MODEL else tiny_model_dir)
+
+
+def test_figures_every_marker_names_a_committed_file_and_the_readme_has_no_unmarked_figure():
+    listing = _run([sys.executable, str(BENCH / "figures.py")], timeout=60)
+    assert listing.returncode == 0, listing.stdout
+    assert "README.md:" in listing.stdout and "docs/runs/exact_prompts.json (ok)" in listing.stdout
+    strict = _run([sys.executable, str(BENCH / "figures.py"), "--strict", "README.md"], timeout=60)
+    assert strict.returncode == 0, strict.stdout
+
+
+def test_figures_fails_on_a_missing_run_file_and_on_an_unmarked_figure_when_strict(tmp_path):
+    doc = tmp_path / "doc.md"
+    table = "| a | b |\n|---|---|\n| x | 4.28x |\n"
+    doc.write_text(f"# T\n\n<!-- run: docs/runs/exact_prompts.json -->\n{table}\n## U\n\n{table}")
+    ok = _run([sys.executable, str(BENCH / "figures.py"), str(doc)], timeout=60)
+    assert ok.returncode == 0 and "docs/runs/exact_prompts.json (ok)" in ok.stdout and "NO RUN FILE" in ok.stdout
+    assert _run([sys.executable, str(BENCH / "figures.py"), "--strict", str(doc)], timeout=60).returncode == 1
+    doc.write_text(f"<!-- run: docs/runs/exact_prompts.json -->\n{table}\nSome prose.\n\n{table}")  # prose ends it
+    after_prose = _run([sys.executable, str(BENCH / "figures.py"), str(doc)], timeout=60).stdout
+    assert ":2: table '| a | b |' -> docs/runs/exact_prompts.json (ok)" in after_prose
+    assert ":8: table '| a | b |' -> NO RUN FILE" in after_prose
+    doc.write_text(f"<!-- run: docs/runs/no-such-run.json -->\n{table}")
+    missing = _run([sys.executable, str(BENCH / "figures.py"), str(doc)], timeout=60)
+    assert missing.returncode == 1 and "no-such-run.json: MISSING" in missing.stdout
+    doc.write_text(f"<!-- not measured: defaults -->\n{table}")
+    assert _run([sys.executable, str(BENCH / "figures.py"), "--strict", str(doc)], timeout=60).returncode == 0
