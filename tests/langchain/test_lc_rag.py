@@ -1,19 +1,20 @@
 """End to end: real FAISS, real MiniLM embeddings, real SmolLM2, Python's reference docs.
 
-Agreement with full prefill is measured two ways, both on the answer of the LangChain chain:
+The chain runs on the process-wide engine (``ChatCacheBlend()``'s); its reuse is checked there,
+and its answer is the engine's blended answer for the prompt the chain sent. Agreement with full
+prefill is measured on that prompt on a fresh engine holding the retrieved documents' KV as
+``CacheBlendFAISS`` warms it (each behind its nearest document in this index): the shared engine
+keeps the first KV any earlier test computed for a text, so measured there the numbers would
+depend on which tests ran before.
 
-* the first 4 generated tokens equal those of the full-prefill answer (greedy). A blend changes the
-  prompt's KV slightly (the paper's premise); its effect on decoding shows first, at the first
-  steps. Later tokens are a poor yardstick for a 135M model: one near-tie flipped at token 10 sends
-  greedy decoding elsewhere although both answers are fine (token F1 to the full answer measured
-  0.43-0.67 over such prompts, first 4 tokens equal in every case).
+* the first 4 generated tokens equal those of the full-prefill answer (greedy). Later tokens are
+  a poor yardstick for a 135M model: one near-tie flipped at token 10 sends greedy decoding
+  elsewhere although both answers are fine.
 * distribution level: mean KL(full prefill || blend) of the next-token distributions along the
-  full-prefill answer (teacher forcing, no compounding) is below 0.1 (the handbook expects
-  0.03-0.05; measured 0.009 and 0.012 here) AND below half the KL of a control that must fail: a
-  full prefill of the same question over four *other* passages (measured 0.10 and 0.24). The
-  answers of a 135M model are generic enough that a wrong context alone can stay near 0.1, so the
-  absolute bound by itself would prove little; the relative one says the blend is much closer to
-  the right context than a wrong context is.
+  full-prefill answer (teacher forcing) is well below that of full reuse of the same records
+  (ratio 0 on the same engine): recomputing 15% must buy something. With neighbour-aware warming
+  and lead records full reuse is already close (KL ~0.03-0.05), so an absolute bound would pass
+  without any blending; see BLEND_VS_REUSE for the measured margin.
 """
 
 import json
@@ -31,13 +32,20 @@ from langchain_text_splitters import RecursiveCharacterTextSplitter
 from lc_helpers import SYSTEM_PROMPT, TokenRecorder, format_docs, pydoc_documents, rag_chain
 
 from cacheblend.tools.quality import answer_kl
-from langchain_cacheblend import ChatCacheBlend, warm_documents
+from langchain_cacheblend import ChatCacheBlend, warm_documents, warm_texts
 from langchain_cacheblend.chat_models import to_chat_messages
 
 pytestmark = pytest.mark.real_model
 
 QUESTION = "What does the assert statement do when optimization is requested?"
 MAX_TOKENS = 16
+# KL(full || blend) / KL(full || full reuse of the same records) must stay under this. Measured with
+# this setup on 6 prompts (QUESTION and two more pydoc questions, "When does the else clause of a
+# while loop run?" and "What does the global statement declare?", each over its 4 retrieved
+# documents in retrieved and reversed order): 0.37, 0.75 (QUESTION), 0.57, 0.46, 0.62, 0.79; mean
+# 0.59, sd 0.16. 0.85 is the mean + 1.5 sd, above every measured ratio, and fails a blend that
+# removes less than 15% of full reuse's KL. This test prints its own (`pytest -s -k chain_reuses`).
+BLEND_VS_REUSE = 0.85
 HERE = Path(__file__).parent
 
 
@@ -57,8 +65,18 @@ def retriever(rag_store):
     return rag_store.as_retriever(search_kwargs={"k": 4})
 
 
+@pytest.fixture(scope="module")
+def blend_engine(fresh_real_engine, rag_store, retriever):
+    """A fresh engine with the KV of the documents retrieved for QUESTION, each warmed behind its
+    nearest document by this index's vectors (what ``CacheBlendFAISS.warm`` computes), whatever
+    other tests warmed in the shared engine before."""
+    engine = fresh_real_engine()
+    warm_texts([d.page_content for d in retriever.invoke(QUESTION)], engine, neighbours=rag_store.nearest_texts)
+    return engine
+
+
 @pytest.mark.parametrize("order", ["retrieved", "reversed"])
-def test_chain_reuses_chunks_in_any_order_and_agrees_with_full_prefill(order, engine, retriever):
+def test_chain_reuses_chunks_in_any_order_and_agrees_with_full_prefill(order, engine, blend_engine, retriever):
     reorder = (lambda d: d) if order == "retrieved" else (lambda d: d[::-1])
     docs = reorder(retriever.invoke(QUESTION))
     answer = rag_chain(retriever, ChatCacheBlend(max_tokens=MAX_TOKENS), reorder).invoke(QUESTION)
@@ -66,19 +84,19 @@ def test_chain_reuses_chunks_in_any_order_and_agrees_with_full_prefill(order, en
     stats = answer.response_metadata["blend_stats"]
     assert stats["chunk_hits"] == 4 and stats["chunk_misses"] == 0
     assert answer.usage_metadata["input_token_details"]["cache_read"] > 0.8 * context_tokens(engine, docs)
-
     prompt = prompt_string(engine, docs, QUESTION)
-    full_prefill = engine.prefill(prompt, recompute_ratio=1.0)
-    full = engine.generate_from(full_prefill, max_new_tokens=MAX_TOKENS)
-    blended_ids = engine.tokenizer(answer.content, add_special_tokens=False)["input_ids"]
-    assert blended_ids[:4] == full.token_ids[:4], (answer.content, full.text)
-    # Distribution level, against a control that must fail: the same question over 4 other passages.
-    others = [d for d in pydoc_documents() if d.page_content not in {x.page_content for x in docs}][:4]
-    wrong = engine.prefill(prompt_string(engine, others, QUESTION), recompute_ratio=1.0)
-    kl_blend = answer_kl(full_prefill, engine.prefill(prompt), full.token_ids)
-    kl_wrong = answer_kl(full_prefill, wrong, full.token_ids)
-    print(f"KL(full || blend) = {kl_blend:.4f}, KL(full || wrong context) = {kl_wrong:.4f}")
-    assert kl_blend < 0.1 and kl_blend < kl_wrong / 2, (kl_blend, kl_wrong)
+    assert answer.content == engine.generate(prompt, max_new_tokens=MAX_TOKENS).text  # the prompt the chain sent
+
+    full_prefill = blend_engine.prefill(prompt, recompute_ratio=1.0)
+    full = blend_engine.generate_from(full_prefill, max_new_tokens=MAX_TOKENS)
+    blend, reuse = blend_engine.prefill(prompt), blend_engine.prefill(prompt, recompute_ratio=0.0)
+    assert blend.stats.chunk_hits == reuse.stats.chunk_hits == 4
+    blended = blend_engine.generate_from(blend, max_new_tokens=MAX_TOKENS)
+    assert blended.token_ids[:4] == full.token_ids[:4], (blended.text, full.text)
+    kl_blend = answer_kl(full_prefill, blend, full.token_ids)
+    kl_reuse = answer_kl(full_prefill, reuse, full.token_ids)
+    print(f"KL(full || blend) = {kl_blend:.4f}, KL(full || full reuse) = {kl_reuse:.4f}")
+    assert kl_blend < BLEND_VS_REUSE * kl_reuse, (kl_blend, kl_reuse)
 
 
 def test_create_retrieval_chain_reuses_the_stuffed_documents(engine, retriever):

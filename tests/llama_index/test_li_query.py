@@ -13,6 +13,7 @@ from llama_index.core.ingestion import IngestionPipeline
 from llama_index.core.llms import MockLLM
 from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PROMPT_SEL
 
+from cacheblend.integrations import warm_texts
 from llama_index_cacheblend import (
     CacheBlendLLM,
     DroppedNodesWarning,
@@ -23,21 +24,36 @@ from llama_index_cacheblend import (
 )
 
 # "The blended answer agrees with full prefill", scored on the full-prefill greedy answer under
-# teacher forcing: the blend picks the same top-1 token at >= 80% of its positions AND the mean
-# KL(full || blend) of the next-token distributions is <= 0.3 nats. Free-running greedy texts
-# are not compared: one early flip (often a synonym) sends the rest elsewhere, so text equality
-# measures chaos, not cache fidelity. Measured with the bundled model on the five corpus questions
-# (LlamaIndex's own prompts, ~870 tokens): at the default ratio 0.15, agreement 0.88-1.0 and KL
-# 0.04-0.18; full reuse (ratio 0) KL 0.08-0.29; the same answer over one unrelated passage KL
-# 0.29-2.1. The negative control below checks that the criterion rejects a wrong context.
-MIN_AGREEMENT, MAX_KL = 0.8, 0.3
+# teacher forcing: the blend picks the same top-1 token at >= 80% of its positions AND its mean
+# KL(full || blend) of the next-token distributions is well below that of full reuse of the same
+# records (ratio 0 through the same engine): with neighbour-aware warming and lead records full
+# reuse is already close, so an absolute KL bound would pass without any blending. Free-running
+# greedy texts are not compared: one early flip (often a synonym) sends the rest elsewhere, so
+# text equality measures chaos, not cache fidelity. Measured on a fresh engine holding every
+# node of the index, warmed in one call as KVCacheWarmer does (each node behind its most similar
+# one): the shared engine picks neighbours among every chunk earlier tests warmed.
+# Measured (KL blend / KL full reuse): this test's prompt 0.0371 / 0.0598 = 0.62 (agreement 0.958
+# both; `pytest -s -k reordered_second_query` prints it); the 3 corpus questions over the 5 nodes
+# in two orders (text-QA template filled directly): 0.63, 0.64, 0.74, 0.72, 0.72 and one at 1.10
+# (QUESTIONS[1] in index order, where full reuse is the closer one). 0.85 leaves that spread's
+# typical room above this prompt's 0.62 and fails a blend that removes less than 15% of reuse's KL.
+MIN_AGREEMENT, BLEND_VS_REUSE = 0.8, 0.85
+
+
+@pytest.fixture(scope="module")
+def blend_engine(fresh_real_engine, persisted):
+    """A fresh engine with the KV of every node of the persisted index, warmed in one call."""
+    index, _ = persisted
+    engine = fresh_real_engine()
+    warm_texts(engine, llm_texts(index.docstore.docs.values()))
+    return engine
 
 
 def sent_prompt(llm, call) -> str:
     return llm.messages_to_prompt(call.messages)
 
 
-def test_reordered_second_query_reuses_its_chunks_and_agrees_with_full_prefill(persisted, llm, stats):
+def test_reordered_second_query_reuses_its_chunks_and_agrees_with_full_prefill(persisted, llm, stats, blend_engine):
     index, _ = persisted
     engine = llm.engine
     # default response mode (compact); the first query only fixes an order, one token is enough
@@ -52,20 +68,17 @@ def test_reordered_second_query_reuses_its_chunks_and_agrees_with_full_prefill(p
     assert call.stats.reused_tokens / chunk_tokens > 0.8
 
     prompt = sent_prompt(llm, call)
-    full = engine.generate(prompt, max_new_tokens=llm.max_new_tokens, recompute_ratio=1.0)
-    reference = engine.prefill(prompt, recompute_ratio=1.0)
-    agreement, kl = answer_fidelity(reference, engine.prefill(prompt), full.token_ids)
-    print(f"reuse={call.stats.reused_tokens / chunk_tokens:.3f} agreement={agreement:.3f} kl={kl:.3f}")
-    print(f"blend: {second}\nfull:  {full.text}")
-    assert agreement >= MIN_AGREEMENT and kl <= MAX_KL, (agreement, kl, str(second), full.text)
+    assert str(second) == engine.generate(prompt, max_new_tokens=llm.max_new_tokens).text  # the prompt sent
 
-    # Negative control: the same answer over one unrelated passage fails the criterion.
-    unrelated = llm_texts([second.source_nodes[-1].node])[0]
-    template = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str=QUESTIONS[1])
-    wrong = engine.prefill(llm.format_template(template, context_str=unrelated))
-    wrong_agreement, wrong_kl = answer_fidelity(reference, wrong, full.token_ids)
-    print(f"unrelated context: agreement={wrong_agreement:.3f} kl={wrong_kl:.3f}")
-    assert not (wrong_agreement >= MIN_AGREEMENT and wrong_kl <= MAX_KL)
+    reference = blend_engine.prefill(prompt, recompute_ratio=1.0)
+    full = blend_engine.generate_from(reference, max_new_tokens=llm.max_new_tokens)
+    blend, reuse = blend_engine.prefill(prompt), blend_engine.prefill(prompt, recompute_ratio=0.0)
+    assert blend.stats.chunk_hits == reuse.stats.chunk_hits == 5
+    agreement, kl = answer_fidelity(reference, blend, full.token_ids)
+    reuse_agreement, reuse_kl = answer_fidelity(reference, reuse, full.token_ids)
+    print(f"blend: agreement={agreement:.3f} kl={kl:.4f}"
+          f"; full reuse: agreement={reuse_agreement:.3f} kl={reuse_kl:.4f}")
+    assert agreement >= MIN_AGREEMENT and kl < BLEND_VS_REUSE * reuse_kl, (agreement, kl, reuse_kl, full.text)
 
 
 def test_compact_resplit_computes_the_cut_nodes_and_reuses_only_whole_ones(persisted, short_llm, stats):
