@@ -82,23 +82,31 @@ def test_int8_store_is_read_back_bitwise_by_a_new_engine(make_engine, tmp_path):
     assert all(integrity.probe(disk.path(k), reader.fingerprint, k)["codec"] == "int8" for k in reader.chunk_keys(texts))
 
 
+# KL that int8 KV may add over fp16 KV to a 15% blend's KL to full prefill. Measured on this test's
+# prompt (pydoc passages 20-22, 12 answer tokens; fresh engines, default warming): fp16 0.00624,
+# int8 0.00619 (-0.00005), int4 0.0284 (+0.022), with `.venv/bin/python -m pytest -q -s
+# tests/core/test_compact_kv.py -k real_model`. benchmarks/store_bench.py measured +0.0015 over 3
+# prompts and +0.0041 on one (docs/STORES.md, README): 0.005 is about 3x that mean and still
+# fails int4 by 4x.
+INT8_ADDED_KL = 0.005
+
+
 @pytest.mark.real_model
-def test_int8_adds_little_kl_over_fp16_on_the_real_model(real_engine):
+def test_int8_adds_little_kl_over_fp16_on_the_real_model(real_engine, fresh_real_engine):
     """On the bundled model, a 15% blend from int8 KV stays as close to full prefill as from fp16
-    KV (benchmarks/store_bench.py measures the same over more prompts)."""
-    from cacheblend import BlendConfig, BlendEngine
+    KV (within INT8_ADDED_KL), while int4 costs visibly more."""
     from cacheblend.tools.datasets import pydoc_passages
     from cacheblend.tools.quality import answer_kl
 
     chunks = [p.text for p in pydoc_passages(real_engine.count_tokens, 384)][20:23]
-    model, tok = real_engine.adapter.model, real_engine.tokenizer
     req = dict(chunks=chunks, query="What is described above, and how is it used?")
-    full = real_engine.prefill(**req, recompute_ratio=1.0)
+    full = real_engine.prefill(**req, recompute_ratio=1.0)  # reads no KV: any engine
     answer = real_engine.generate_from(full, max_new_tokens=12).token_ids
     kl = {}
     for dtype in ("float16", "int8", "int4"):
-        engine = BlendEngine(model, tok, config=BlendConfig(kv_dtype=dtype))
+        engine = fresh_real_engine(kv_dtype=dtype)  # its own pool: these 3 chunks
         engine.warm(chunks)
         kl[dtype] = answer_kl(full, engine.prefill(**req), answer)
-    assert kl["int8"] - kl["float16"] < 0.02, kl
-    assert kl["int4"] > kl["int8"]  # 4 bits cost more; docs/STORES.md has the measured figures
+    print(f"KL to full prefill by stored dtype: {kl}")
+    assert kl["int8"] - kl["float16"] < INT8_ADDED_KL, kl
+    assert kl["int4"] - kl["float16"] > INT8_ADDED_KL, kl  # 4 bits cost more; docs/STORES.md has the figures
