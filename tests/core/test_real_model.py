@@ -156,7 +156,8 @@ def test_prompt_path_finds_chunks_in_a_foreign_template(fresh_real_engine, pydoc
     s = out.stats
     assert (s.chunk_hits, s.chunk_misses) == (2, 0)
     n_chunk = engine.count_tokens(a) + engine.count_tokens(b)
-    assert s.cached_tokens == n_chunk and s.reused_tokens >= 0.8 * n_chunk
+    assert s.cached_tokens == n_chunk  # every chunk token found, none lost to the template around it
+    assert s.reused_tokens == n_chunk - budget_for(engine.config.recompute_ratio, n_chunk)  # all but the 15% picked
     full = engine.generate(prompt, max_new_tokens=8, recompute_ratio=1.0)
     assert full.stats.reused_tokens == 0 and full.stats.prompt_tokens == s.prompt_tokens
 
