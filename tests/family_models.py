@@ -43,7 +43,9 @@ LLAMA3_ROPE = {
 def _extracted() -> Path:
     out = Path(tempfile.mkdtemp(prefix="cacheblend-tokenizers-"))
     with tarfile.open(ARCHIVE) as tar:
-        tar.extractall(out, filter="data")
+        # The archive is ours (vendored, reviewed); extraction filters exist from Python 3.11.4 /
+        # 3.12 on (Debian 12's python3 is 3.11.2), so they are used where present.
+        tar.extractall(out, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return out
 
 
