@@ -78,6 +78,15 @@ def test_sampling_filters():
     assert {topp.pick(logits, topp.generator(torch.device("cpu"))) for _ in range(20)} == {1}
 
 
+def test_a_vanishing_temperature_samples_the_argmax():
+    """The fuzzer's find: temperature 1e-61 is 0 in fp32, and fp32 logits / it gave 0/0 = nan (a 500
+    from the server). Any positive temperature is a valid request; near 0 it is greedy."""
+    logits = torch.tensor([0.0, 5.0, 4.9, -3.0, float("-inf")])
+    for temperature in (1e-61, 5e-324, 1e-30):
+        tiny = Sampling(temperature=temperature, top_k=3, top_p=0.9, seed=0)
+        assert {tiny.pick(logits, tiny.generator(torch.device("cpu"))) for _ in range(5)} == {1}
+
+
 def test_decoding_shares_the_prefill_kv_without_writing_it(make_engine):
     """The decode cache reuses the blend's K/V tensors (no copy before the first token), so
     decoding must leave them bit-identical and a second decode must give the same answer."""

@@ -221,7 +221,7 @@ def _decodes(data: bytes, fingerprint: str, key: str) -> bool:
 def test_kill_9_while_warming_leaves_only_true_records(make_engine, bundled_dir, tmp_path):
     """100 warming writers killed with SIGKILL, a quarter each anywhere and at each kill point of a
     record write (half its bytes written, whole but not renamed, renamed with half its catalogue
-    line): every record file left is whole and bitwise what a fresh computation gives, the
+    line): every record file left is whole and what a fresh computation gives (fp32 round-off), the
     catalogue names every one, no temp file survives the next open. Writers fork from one process
     that has the engine loaded, so a round takes milliseconds."""
     import random
@@ -244,9 +244,18 @@ def test_kill_9_while_warming_leaves_only_true_records(make_engine, bundled_dir,
     everything = [t for r in range(ROUNDS) for t in _round_texts(r)]
     assert 0 < len(stored) < len(everything) / 2, "each round must be killed part-way through"
     by_key = dict(zip(engine.chunk_keys(everything), everything))
-    engine.warm([by_key[k] for k in stored], batch_size=8, progress=False)  # a fresh computation, in memory
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the writers ran: another thread count sums in another order
+    try:
+        engine.warm([by_key[k] for k in stored], batch_size=8, progress=False)  # a fresh computation, in memory
+    finally:
+        torch.set_num_threads(threads)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a torn or corrupt record would be a StoreWarning: none is
         for key in stored:
-            assert torch.equal(disk.get(key).kv, engine.stores.memory.get(key).kv), key
+            # The writers batched other texts together (other padding widths, other kernel blocking),
+            # so the values agree to fp32 round-off, not bit for bit; a torn record (half its bytes,
+            # another record's bytes) would be off by whole units or fail its checksum.
+            torch.testing.assert_close(disk.get(key).kv, engine.stores.memory.get(key).kv, atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: f"{key}: {m}")
         assert {disk.get(k).text for k in stored} <= set(disk.texts())

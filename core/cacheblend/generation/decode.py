@@ -46,7 +46,9 @@ class Sampling:
         """Next token id from logits [vocab] (fp32)."""
         if self.temperature == 0:
             return int(torch.argmax(logits))
-        logits = logits / self.temperature
+        # In float64 and shifted by the max: the max's logit is exactly 0 and every other one a finite
+        # negative number or -inf, whatever the temperature (in fp32, 1e-61 rounds to 0 and gives 0/0).
+        logits = (logits.double() - logits.max().double()) / self.temperature
         if self.top_k:
             kth = torch.topk(logits, min(self.top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -20,9 +20,11 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 from . import catalog
 
@@ -83,7 +85,7 @@ def converted_dir(alias: str = ALIAS, *, site: Path | None = None, home: Path | 
     clock = [time.perf_counter()]
     with catalog.gguf(entry, target.parent, site) as gguf:
         clock.append(time.perf_counter())
-        model, tokenizer = load_model(str(gguf.parent), dtype=torch.float32, gguf_file=gguf.name)
+        model, tokenizer = load_model(str(gguf.parent), dtype="float32", gguf_file=gguf.name)
         clock.append(time.perf_counter())
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{alias}-"))
         try:
@@ -101,6 +103,7 @@ def converted_dir(alias: str = ALIAS, *, site: Path | None = None, home: Path | 
 
 def _write_record(folder: Path, entry: catalog.CatalogModel, clock: list[float]) -> None:
     """``conversion.json``: where the copy came from and what converting it took on this machine."""
+    import torch
     import transformers
 
     weights = sum(p.stat().st_size for p in folder.glob("model*.safetensors"))
@@ -125,8 +128,9 @@ def _remove_stale(folder: Path, alias: str) -> None:
             pass
 
 
-def load_model(source: str, *, dtype: torch.dtype, gguf_file: str | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) on the CPU from a HF id or folder, or a GGUF file inside a folder."""
+def load_model(source: str, *, dtype: torch.dtype | str, gguf_file: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) on the CPU from a HF id or folder, or a GGUF file inside a folder. torch and
+    transformers are imported here, not at module import: the integrations read ``ALIAS`` cheaply."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
