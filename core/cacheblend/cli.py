@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -53,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--top-k", type=int, default=6)
     d.add_argument("--ratio", type=float, default=None)
     d.add_argument("--questions", type=int, default=len(DEMO_QUESTIONS))
+    d.add_argument("--run-file", default=None, metavar="JSON",
+                   help="also write the run's timings as JSON: model load, embedding, warming, each answer's TTFT")
     d.set_defaults(func=cmd_demo)
 
     w = sub.add_parser("warm", help="index documents and warm their KV into the directory's store")
@@ -134,8 +137,9 @@ def _engine(args, store_dir):
     return engine
 
 
-def _build(engine, index_dir: Path, texts: list[str]) -> "PassageIndex":  # noqa: F821
-    """Adds ``texts`` to the index at ``index_dir`` and warms their KV into its store."""
+def _build(engine, index_dir: Path, texts: list[str]) -> tuple["PassageIndex", dict]:  # noqa: F821
+    """Adds ``texts`` to the index at ``index_dir`` and warms their KV into its store; returns the
+    index and what it took (passages embedded, chunks computed, seconds of each)."""
     from .tools.demo_index import KV_DIR, PassageIndex, default_embedder
 
     embedder = default_embedder()
@@ -143,29 +147,46 @@ def _build(engine, index_dir: Path, texts: list[str]) -> "PassageIndex":  # noqa
     t = time.perf_counter()
     added = index.add(texts)
     index.save(index_dir)
-    print(f"index: {added} new passages embedded ({len(index.texts)} in all) in {time.perf_counter() - t:.1f}s")
+    index_s = time.perf_counter() - t
+    print(f"index: {added} new passages embedded ({len(index.texts)} in all) in {index_s:.1f}s")
     disk = engine.attach_store(index_dir / KV_DIR)
     todo = sum(key not in disk for key in engine.chunk_keys(index.texts))
     t = time.perf_counter()
     engine.warm(index.texts, store_dir=index_dir / KV_DIR, progress=todo > 0)
+    warm_s = time.perf_counter() - t
     print(f"KV store {index_dir / KV_DIR}: {todo} chunks computed, {len(index.texts) - todo} already stored "
-          f"({time.perf_counter() - t:.1f}s)")
-    return index
+          f"({warm_s:.1f}s)")
+    return index, {"passages": len(index.texts), "embedded": added, "index_s": index_s, "computed": todo, "warm_s": warm_s}
 
 
 def cmd_demo(args) -> int:
     from .tools.datasets import pydoc_passages
     from .tools.demo_index import KV_DIR
 
+    started, load_start = time.perf_counter(), _loadavg()
     index_dir = Path(args.dir or demo_dir(args.model))
     engine = _engine(args, index_dir / KV_DIR)
+    load_s = time.perf_counter() - started
     passages = pydoc_passages(engine.count_tokens, args.max_tokens)
     print(f"corpus: {len(passages)} passages from pydoc_data.topics (<= {args.max_tokens} tokens each)")
-    index = _build(engine, index_dir, [p.text for p in passages])
-    for q in DEMO_QUESTIONS[: args.questions]:
-        # One paragraph: past its first paragraph the 135M model mostly repeats itself.
-        _answer(engine, index, q, args.top_k, args.ratio, 96, compare=True, stop=["\n\n"])
+    index, built = _build(engine, index_dir, [p.text for p in passages])
+    # One paragraph: past its first paragraph the 135M model mostly repeats itself.
+    answers = [_answer(engine, index, q, args.top_k, args.ratio, 96, compare=True, stop=["\n\n"])
+               for q in DEMO_QUESTIONS[: args.questions]]
+    if args.run_file:
+        from .integrations.persistence import write_json
+
+        write_json(Path(args.run_file), {
+            "command": " ".join(["cacheblend", *sys.argv[1:]]), "model": engine.name,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
+            "load_start": load_start, "load_end": _loadavg(), "total_s": time.perf_counter() - started,
+            "model_load_s": load_s, **built, "answers": answers,
+        })
     return 0
+
+
+def _loadavg() -> list[float] | None:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def cmd_warm(args) -> int:
@@ -189,7 +210,9 @@ def cmd_ask(args) -> int:
     return 0
 
 
-def _answer(engine, index, question: str, k: int, ratio, max_new_tokens: int, compare: bool, stop=None) -> None:
+def _answer(engine, index, question: str, k: int, ratio, max_new_tokens: int, compare: bool, stop=None) -> dict:
+    """Answers ``question`` with blending (and, with ``compare``, a full prefill); prints and returns
+    the answers and their TTFTs."""
     chunks = index.search(question, k)
     order = [index.texts.index(c) for c in chunks]
     print(f"\nQ: {question}\n   retrieved passages (in prompt order): {order}")
@@ -199,11 +222,16 @@ def _answer(engine, index, question: str, k: int, ratio, max_new_tokens: int, co
     print(f"A: {out.text.strip()}")
     print(f"   blended: TTFT {s.ttft_s:.2f}s (KV load {s.load_s * 1000:.0f} ms), {s.prompt_tokens} prompt tokens: "
           f"{s.reused_tokens} reused, {s.recomputed_tokens} recomputed; chunks {s.chunk_hits} hit, {s.chunk_misses} missed")
+    result = {"question": question, "answer": out.text.strip(), "ttft_s": s.ttft_s, "chunk_hits": s.chunk_hits,
+              "chunk_misses": s.chunk_misses, "reused_tokens": s.reused_tokens, "prompt_tokens": s.prompt_tokens}
     if compare:
         full = engine.generate(**req, recompute_ratio=1.0)
         same = "same answer" if full.text.strip() == out.text.strip() else f"full-prefill answer: {full.text.strip()}"
         print(f"   full prefill: TTFT {full.stats.ttft_s:.2f}s -> {full.stats.ttft_s / s.ttft_s:.1f}x faster "
               f"with blending; {same}")
+        result |= {"full_answer": full.text.strip(), "full_ttft_s": full.stats.ttft_s,
+                   "speedup": full.stats.ttft_s / s.ttft_s}
+    return result
 
 
 def _read_source(path: Path, split) -> list[str]:
