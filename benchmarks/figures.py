@@ -95,7 +95,8 @@ def run_state(path: str) -> str:
         return "UNREADABLE"
     if not isinstance(data, dict):
         return "legacy"
-    meta = data.get("run") if isinstance(data.get("run"), dict) else data  # core/ tools write it at the top
+    # benchmarks/ scripts write a "run" entry, `cacheblend bench` a "meta" one, `cacheblend demo` the top level
+    meta = next((data[k] for k in ("run", "meta") if isinstance(data.get(k), dict)), data)
     return "ok" if "command" in meta else "legacy"
 
 

@@ -177,9 +177,7 @@ def cmd_demo(args) -> int:
         from .integrations.persistence import write_json
 
         write_json(Path(args.run_file), {
-            "command": " ".join(["cacheblend", *sys.argv[1:]]), "model": engine.name,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
-            "load_start": load_start, "load_end": _loadavg(), "total_s": time.perf_counter() - started,
+            **_run_meta(engine.name, load_start), "total_s": time.perf_counter() - started,
             "model_load_s": load_s, **built, "answers": answers,
         })
     return 0
@@ -187,6 +185,27 @@ def cmd_demo(args) -> int:
 
 def _loadavg() -> list[float] | None:
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def _run_meta(model: str, load_start: list[float] | None) -> dict:
+    """What a run file says about the run (benchmarks/README.md): the command, the git commit of
+    the code that ran (None outside a checkout), the date, the model and the machine's load."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+
+    def git(*a: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(here), *a], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"command": " ".join(["cacheblend", *sys.argv[1:]]), "commit": git("rev-parse", "HEAD"),
+            "dirty": None if status is None else bool(status), "model": model,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
+            "load_start": load_start, "load_end": _loadavg()}
 
 
 def cmd_warm(args) -> int:
@@ -254,6 +273,7 @@ def cmd_bench(args) -> int:
 
     out = Path(args.out)
     store = Path(args.store) if args.store else out / "store"
+    load_start = _loadavg()
     engine = _engine(args, store)
     if args.dataset:
         examples = load_musique(args.dataset, args.chunks)[args.start : args.start + args.prompts]
@@ -280,7 +300,8 @@ def cmd_bench(args) -> int:
     n_tokens = len(engine.token_ids(chunks=examples[0].passages, query=examples[0].question))
     title = f"{title}: {len(examples)} prompts of {args.chunks} chunks (~{n_tokens} tokens), {engine.name}, {engine.adapter.device}"
     rates = bench.throughput(engine, examples, rows)
-    meta = {"args": vars(args) | {"func": None}, "seconds": time.perf_counter() - started, "throughput": rates}
+    meta = {**_run_meta(engine.name, load_start), "args": vars(args) | {"func": None},
+            "seconds": time.perf_counter() - started, "throughput": rates}
     print("\n" + bench.save(rows, out, title, meta))
     print(f"\nwarming {rates['warming_tokens_per_s']:.0f} chunk tokens/s ({rates['warming_computed_tokens_per_s']:.0f} "
           f"tokens/s computed, each chunk behind {engine.neighbours} similar passage(s)) vs full prefill "
