@@ -74,13 +74,13 @@ def load_times(engine: BlendEngine, disk: DiskStore, remote, passages: list[str]
     the first chunk's lead record, the others' records warmed behind neighbours) with only one
     tier holding them."""
     chain, out = engine.stores, {}
-    saved = chain.disks, chain.remotes
+    saved = chain.attached
     chunks = [engine.encode_chunk(clean_chunk(t)).ids for t in passages]
     keys = [k for ids in chunks for k in engine.record_keys(ids) if k is not None]
     for tier in TIERS:
         times = []
         for _ in range(repeats):
-            chain.disks, chain.remotes = ([disk], []) if "disk" in tier else ([], [remote] if tier == "redis" else [])
+            chain.attached = [disk] if "disk" in tier else [remote] if tier == "redis" else []
             if tier != "memory":
                 chain.memory = MemoryStore(chain.memory.max_bytes)
             if tier == "cold disk":
@@ -90,7 +90,7 @@ def load_times(engine: BlendEngine, disk: DiskStore, remote, passages: list[str]
             times.append(time.perf_counter() - t)
             assert all(r is not None for r in got), f"{tier}: a chunk is missing"
         out[tier] = statistics.median(times)
-    chain.disks, chain.remotes = saved
+    chain.attached = saved
     return out
 
 
@@ -100,7 +100,7 @@ def run_dtype(model, tokenizer, kv_dtype: str, examples, root: Path, url: str, r
     engine.attach_store(url)
     engine.warm(texts, store_dir=root, progress=False)
     disk = engine.attach_store(root)
-    remote = engine.stores.remotes[0]
+    remote = engine.stores.shared[0]
     keys_all = engine.chunk_keys(texts)
     tokens = sum(engine.count_tokens(t) for t in texts)
     file_bytes = sum(disk.path(k).stat().st_size for k in keys_all)

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import warming
 from .blending.blend import blend_prefill
 from .blending.selection import Selector, make_selector
 from .config import BlendConfig
@@ -42,19 +40,8 @@ from .prompts.request import (
 )
 from .prompts.tokenize import Encoding, chunk_context_ids, encode_chunk, encode_prompt
 from .result import Generation
-from .stores import (
-    LEAD,
-    ChunkKey,
-    ChunkRecord,
-    DiskStore,
-    MemoryStore,
-    StoreChain,
-    StoreWarning,
-    chunk_key,
-    compact,
-    model_fingerprint,
-)
-from .stores.redis import RedisStore, is_redis_url
+from .stores import ChunkKey, ChunkRecord, KVTier, MemoryStore, RecordKeys, StoreChain, compact, model_fingerprint, open_tier
+from .warming import Warmer, WarmSetup
 
 
 class BlendEngine:
@@ -84,9 +71,13 @@ class BlendEngine:
             model, tokenizer, kv_dtype=self.config.kv_dtype, context_ids=self.context_ids,
             neighbours=self.neighbours,
         )
+        self.record_keys = RecordKeys(self.fingerprint, self.lead_alone)  # ids -> (as warmed, lead or None)
         self.stores = StoreChain(MemoryStore(memory_bytes))
         self.finder = ChunkFinder()
         self.neighbour_index = NeighbourIndex()  # filled by warm() when neighbours > 0
+        setup = WarmSetup(tuple(self.context_ids), self.neighbours, self.config.kv_dtype, self.context_window)
+        self.warmer = Warmer(self.adapter, lambda text: self.encode_chunk(text).ids, self.record_keys,
+                             self.neighbour_index, setup)
         self.tokens_warmed = 0  # tokens computed by warm() so far, contexts and neighbours included
         self.eos_ids = eos_ids(model, tokenizer)
         self._lock = threading.RLock()
@@ -122,7 +113,7 @@ class BlendEngine:
     @property
     def max_chunk_tokens(self) -> int:
         """The longest chunk ``warm`` accepts: the context window minus the chunk context."""
-        return self.context_window - len(self.context_ids)
+        return self.warmer.max_chunk_tokens
 
     @property
     def is_chat_model(self) -> bool:
@@ -141,37 +132,20 @@ class BlendEngine:
         return render_chat(self.tokenizer, messages)
 
     # -- stores and warming ---------------------------------------------------------------------
-    def attach_store(self, store_dir: str | Path) -> DiskStore | RedisStore:
+    def attach_store(self, store_dir: str | Path) -> KVTier:
         """Reads chunk KV from (and learns the chunk texts of) the store at ``store_dir``: a folder
         (a disk store) or a Redis URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``;
         ``?ttl=&timeout=&retry_after=`` in seconds, see ``RedisStore.from_url``), which every process
-        attached to it shares and ``warm`` writes through to."""
-        codec = compact.codec_for(self.config.kv_dtype)
+        attached to it shares and ``warm`` writes through to (``cacheblend.stores.tier``)."""
+        tier = open_tier(store_dir, self.fingerprint, compact.codec_for(self.config.kv_dtype))
         with self._lock:
-            if is_redis_url(store_dir):
-                remote = self.stores.attach(RedisStore.from_url(str(store_dir), self.fingerprint, codec))
-                self.finder.add(remote.texts())
-                return remote
-            disk = self.stores.attach(DiskStore(store_dir, self.fingerprint, codec=codec))
-            others = [fp for fp in DiskStore.fingerprints(store_dir) if not self.fingerprint.startswith(fp)]
-            if others and not disk.dir.is_dir():
-                warnings.warn(
-                    f"the KV store at {store_dir} holds only KV written for other models or settings "
-                    f"({', '.join(others)}); every chunk will be computed",
-                    StoreWarning,
-                    stacklevel=2,
-                )
-            self.finder.add(disk.texts())
-            return disk
+            tier = self.stores.attach(tier)
+            self.finder.add(tier.texts())
+            return tier
 
     def chunk_keys(self, texts: Iterable[str]) -> list[ChunkKey]:
         """The store keys of ``texts`` (no compute): e.g. to see which a store already holds."""
         return [self.record_keys(self.encode_chunk(clean_chunk(t)).ids)[0] for t in texts]
-
-    def record_keys(self, ids: Sequence[int]) -> tuple[ChunkKey, ChunkKey | None]:
-        """The store keys of a chunk's records: its KV as warmed (behind neighbours, if any), and
-        with ``lead_alone`` its KV warmed alone for the prompts it leads (else None)."""
-        return chunk_key(self.fingerprint, ids), chunk_key(self.fingerprint, ids, LEAD) if self.lead_alone else None
 
     def is_warm(self, text: str) -> bool:
         """Whether the KV of ``text`` (both its records, with ``lead_alone``) is in memory or an
@@ -201,14 +175,16 @@ class BlendEngine:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        chunks = warming.prepare(self, texts)
-        behind = warming.given_neighbours(self, chunks, neighbours)
+        chunks = self.warmer.prepare(texts)
+        given = self.warmer.given_neighbours(chunks, neighbours)
         with self._lock:
             target = self.attach_store(store_dir) if store_dir is not None else None
-            disk = target if isinstance(target, DiskStore) else None  # Redis stores are all written
-            warming.store_missing(self, chunks, disk, batch_size, progress, behind)
+            if self.neighbours:
+                self.warmer.learn(chunks, self.finder)
+            report = self.warmer.run(chunks, self.stores, target, given=given, batch_size=batch_size, progress=progress)
+            self.tokens_warmed += report.tokens
             self.finder.add(c.text for c in chunks)
-        return [c.key for c in chunks]
+        return report.keys
 
     # -- prefill and generation -----------------------------------------------------------------
     def prompt_text(

@@ -1,11 +1,14 @@
-"""The warming pipeline: validate chunk texts, find those no store holds, batch-encode, store.
+"""The warming pipeline: validate chunk texts, find those no tier holds, compute their KV, store.
 
-``BlendEngine.warm`` runs it: ``prepare`` validates every text before any compute (one bad text
-stores nothing from its batch), then, under the engine's lock, ``store_missing`` encodes only the
-chunks neither memory nor an attached store holds, batched by similar length, and writes each
-record to memory, to the requested disk store and through to every attached Redis store (copying
-records those stores lack). With ``BlendConfig.neighbours`` > 0 each chunk is computed behind
-its most similar passages (``cacheblend.neighbours``), one chunk at a time; with ``lead_alone``
+A ``Warmer`` is built once per engine from what it needs and nothing else: the model adapter,
+a tokenizer function, the record keys, the neighbour index and the ``WarmSetup`` (what the KV is
+computed behind). ``prepare`` validates every text before any compute (one bad text stores
+nothing), then ``run`` computes only the records that neither memory nor any tier holds, writes
+them to memory, to the tier the caller names and through to every shared tier, copies stored
+records into those tiers where they lack them, and returns a ``WarmReport``.
+
+With ``WarmSetup.neighbours`` > 0 each chunk is computed behind its most similar passages
+(``cacheblend.neighbours``), one chunk at a time; with lead records (``RecordKeys.lead_alone``)
 each chunk also gets its ``lead`` record, computed behind the chunk context alone. A neighbour
 placed first in another chunk's context sits right behind the chunk context, so its rows there
 are its lead record: it is taken from that forward for free, and only the chunks that are
@@ -14,18 +17,27 @@ nobody's first neighbour are computed alone (batched).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
-from collections.abc import Sequence
+import torch
 
 from .blending.encode import encode_padded
-from .neighbours import behind
+from .models.adapter import ModelAdapter
+from .neighbours import NeighbourIndex, behind
 from .prompts.request import clean_chunk
-from .stores import ChunkKey, ChunkRecord, DiskStore, compact
+from .stores import ChunkKey, ChunkRecord, KVTier, RecordKeys, StoreChain, compact
 
-if TYPE_CHECKING:
-    from .engine import BlendEngine
+
+@dataclass(frozen=True)
+class WarmSetup:
+    """What a chunk's KV is computed behind, fixed per engine (it keys the KV): the chunk context's
+    ids, how many similar passages follow it, the stored dtype, and the context window."""
+
+    context_ids: tuple[int, ...]
+    neighbours: int
+    kv_dtype: str
+    context_window: int
 
 
 @dataclass(frozen=True)
@@ -39,174 +51,193 @@ class WarmChunk:
     lead: ChunkKey | None = None
 
 
-def prepare(engine: BlendEngine, texts) -> list[WarmChunk]:
-    """Cleans, tokenizes and keys ``texts``; ValueError for an empty, non-text or over-long one."""
-    cleaned = [clean_chunk(t) for t in texts]
-    room = engine.max_chunk_tokens
-    chunks = []
-    for text in cleaned:
-        ids = engine.encode_chunk(text).ids
-        if len(ids) > room:
-            raise ValueError(f"a chunk of {len(ids)} tokens exceeds the context window ({room}): {text[:60]!r}...")
-        chunks.append(WarmChunk(text, ids, *engine.record_keys(ids)))
-    return chunks
+@dataclass
+class WarmReport:
+    """What one ``Warmer.run`` did: the chunks' keys in order, records computed and copied into a
+    tier that lacked them, and the tokens computed (chunk contexts and neighbours included)."""
+
+    keys: list[ChunkKey]
+    computed: int = 0
+    copied: int = 0
+    tokens: int = 0
 
 
-def given_neighbours(
-    engine: BlendEngine, chunks: list[WarmChunk], neighbours: Sequence[Sequence[str]] | None
-) -> dict[str, list[str]]:
-    """Validates ``BlendEngine.warm``'s ``neighbours``: chunk text -> the passages it is computed
-    behind (cleaned, blank ones dropped, at most ``config.neighbours``). A None entry leaves the
-    choice to the engine's neighbour index."""
-    if neighbours is None:
-        return {}
-    k = engine.neighbours
-    if k == 0:
-        raise ValueError("neighbours were given, but this engine warms chunks alone (BlendConfig.neighbours=0)")
-    if isinstance(neighbours, str) or len(neighbours) != len(chunks):
-        raise ValueError(f"neighbours must hold one list of texts per text warmed ({len(chunks)}), got {neighbours!r:.80}")
-    out = {}
-    for chunk, near in zip(chunks, neighbours):
-        if near is None:
-            continue
-        if isinstance(near, str) or not all(isinstance(t, str) for t in near):
-            raise ValueError(f"each entry of neighbours must be a list of texts, got {near!r:.80}")
-        texts = (t.strip() for t in near)
-        out[chunk.text] = [t for t in texts if t and t != chunk.text][:k]
-    return out
+@dataclass
+class _Todo:
+    """One run's work: records to compute behind neighbours, lead records to compute alone."""
+
+    plain: dict[ChunkKey, WarmChunk] = field(default_factory=dict)
+    leads: dict[ChunkKey, WarmChunk] = field(default_factory=dict)
 
 
-def store_missing(
-    engine: BlendEngine,
-    chunks: list[WarmChunk],
-    disk: DiskStore | None,
-    batch_size: int,
-    progress: bool | None,
-    given: dict[str, list[str]] | None = None,
-) -> None:
-    """Computes the chunks no store holds; stored records that ``disk`` or an attached Redis store
-    lacks are copied into it (Redis: one round trip asks which keys it lacks).
+class Warmer:
+    """Computes and stores chunk KV for one model and one ``WarmSetup``."""
 
-    ``progress``: a progress bar (default: when 16 or more chunks need computing).
-    """
-    wanted = [(c.key, c, False) for c in chunks] + [(c.lead, c, True) for c in chunks if c.lead]
-    keys = list(dict.fromkeys(key for key, _, _ in wanted))
-    lacking = {id(r): {k for k, there in zip(keys, r.contains_many(keys)) if not there} for r in engine.stores.remotes}
-    todo: dict[str, WarmChunk] = {}  # key -> chunk, computed behind its neighbours (or alone)
-    leads: dict[str, WarmChunk] = {}  # lead key -> chunk, computed behind the chunk context alone
-    for key, chunk, lead in wanted:
-        to_disk = disk is not None and key not in disk
-        to_remote = [r for r in engine.stores.remotes if key in lacking[id(r)]]
-        held = (disk is not None and not to_disk) or any(key not in lacking[id(r)] for r in engine.stores.remotes)
-        if key in todo or key in leads or (held and not to_disk and not to_remote):
-            continue
-        record = engine.stores.get(key)
-        if record is None:
-            (leads if lead else todo)[key] = chunk
-            continue
-        if to_disk:
-            disk.put(record)
-        for remote in to_remote:
-            remote.put(record)
-    if engine.neighbours:
-        _index(engine, chunks)
-    _compute(engine, list(todo.values()), disk, batch_size, progress, given or {}, leads)
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        encode: Callable[[str], list[int]],
+        keys: RecordKeys,
+        index: NeighbourIndex,
+        setup: WarmSetup,
+    ) -> None:
+        self.adapter, self.encode, self.keys, self.index, self.setup = adapter, encode, keys, index, setup
 
+    @property
+    def max_chunk_tokens(self) -> int:
+        """The longest chunk accepted: the context window minus the chunk context."""
+        return self.setup.context_window - len(self.setup.context_ids)
 
-def _index(engine: BlendEngine, chunks: list[WarmChunk]) -> None:
-    """Adds this call's chunks and every chunk the engine knows to its neighbour index."""
-    index = engine.neighbour_index
-    index.add([c.text for c in chunks], [c.ids for c in chunks])
-    known = sorted(t for t in engine.finder if t not in index)
-    index.add(known, [engine.encode_chunk(t).ids for t in known])
+    def prepare(self, texts: Iterable[str]) -> list[WarmChunk]:
+        """Cleans, tokenizes and keys ``texts``; ValueError for an empty, non-text or over-long one."""
+        cleaned = [clean_chunk(t) for t in texts]
+        room = self.max_chunk_tokens
+        chunks = []
+        for text in cleaned:
+            ids = self.encode(text)
+            if len(ids) > room:
+                raise ValueError(f"a chunk of {len(ids)} tokens exceeds the context window ({room}): {text[:60]!r}...")
+            chunks.append(WarmChunk(text, ids, *self.keys(ids)))
+        return chunks
 
+    def given_neighbours(
+        self, chunks: list[WarmChunk], neighbours: Sequence[Sequence[str] | None] | None
+    ) -> dict[str, list[str]]:
+        """Validates the caller's ``neighbours``: chunk text -> the passages it is computed behind
+        (cleaned, blank ones dropped, at most ``setup.neighbours``). A None entry leaves the
+        choice to the neighbour index."""
+        if neighbours is None:
+            return {}
+        k = self.setup.neighbours
+        if k == 0:
+            raise ValueError("neighbours were given, but this engine warms chunks alone (BlendConfig.neighbours=0)")
+        if isinstance(neighbours, str) or len(neighbours) != len(chunks):
+            raise ValueError(f"neighbours must hold one list of texts per text warmed ({len(chunks)}), got {neighbours!r:.80}")
+        out = {}
+        for chunk, near in zip(chunks, neighbours):
+            if near is None:
+                continue
+            if isinstance(near, str) or not all(isinstance(t, str) for t in near):
+                raise ValueError(f"each entry of neighbours must be a list of texts, got {near!r:.80}")
+            texts = (t.strip() for t in near)
+            out[chunk.text] = [t for t in texts if t and t != chunk.text][:k]
+        return out
 
-def _contexts(
-    engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]]
-) -> list[tuple[list[int], list[int] | None]]:
-    """What each chunk of ``batch`` is computed behind: the chunk context, then (with
-    ``config.neighbours``) its neighbours, given or found in the engine's neighbour index; with
-    the ids of the neighbour placed first (right behind the chunk context), if any."""
-    k = engine.neighbours
-    if not k:
-        return [(list(engine.context_ids), None)] * len(batch)
-    index = engine.neighbour_index
-    ask = [c for c in batch if c.text not in given]
-    found = dict(zip((c.text for c in ask), index.nearest([c.ids for c in ask], k, exclude=[c.text for c in ask])))
-    out = []
-    for chunk in batch:
-        texts = given[chunk.text] if chunk.text in given else found[chunk.text]
-        ids = [index.ids(t) or engine.encode_chunk(t).ids for t in texts]  # given texts may be unindexed
-        kept = behind(ids, len(engine.context_ids) + len(chunk.ids), engine.context_window)
-        out.append(([*engine.context_ids, *(t for n in kept for t in n)], kept[0] if kept else None))
-    return out
+    def learn(self, chunks: list[WarmChunk], known: Iterable[str]) -> None:
+        """Adds ``chunks`` and the ``known`` chunk texts to the neighbour index."""
+        self.index.add([c.text for c in chunks], [c.ids for c in chunks])
+        rest = sorted(t for t in known if t not in self.index)
+        self.index.add(rest, [self.encode(t) for t in rest])
 
+    def run(
+        self,
+        chunks: list[WarmChunk],
+        tiers: StoreChain,
+        target: KVTier | None = None,
+        *,
+        given: dict[str, list[str]] | None = None,
+        batch_size: int = 8,
+        progress: bool | None = None,
+    ) -> WarmReport:
+        """Computes the records no tier holds and writes them to memory, ``target`` and every
+        shared tier; stored records that ``target`` or a shared tier lacks are copied into it (one
+        ``contains_many`` per tier asks which). ``progress``: a progress bar (default: when 16
+        or more records need computing); ``batch_size`` >= 1 chunks per forward."""
+        writes = list({t.location: t for t in [target, *tiers.shared] if t is not None}.values())
+        report = WarmReport([c.key for c in chunks])
+        todo = self._missing(chunks, tiers, writes, report)
+        self._compute(todo, [tiers.memory, *writes], given or {}, batch_size, progress, report)
+        return report
 
-def _encode(
-    engine: BlendEngine, batch: list[WarmChunk], given: dict[str, list[str]], leads: dict[str, WarmChunk]
-) -> tuple[list, list[tuple[WarmChunk, object]]]:
-    """Each chunk's KV, [layers, 2, kv_heads, T_padded, head_dim] per chunk: one padded batch
-    behind the shared chunk context, or one chunk at a time behind its own neighbours. Also the
-    lead records this took for free: (chunk, KV) of every first-placed neighbour whose lead
-    record is wanted (it is then removed from ``leads``)."""
-    contexts = _contexts(engine, batch, given)
-    engine.tokens_warmed += sum(len(ctx) + len(c.ids) for (ctx, _), c in zip(contexts, batch))
-    if not engine.neighbours:
-        return list(encode_padded(engine.adapter, contexts[0][0], [c.ids for c in batch])), []
-    out, free = [], []
-    base = len(engine.context_ids)
-    for (ctx, first), chunk in zip(contexts, batch):
-        lead = leads.pop(engine.record_keys(first)[1], None) if first is not None and leads else None
-        if lead is None:
-            out.append(encode_padded(engine.adapter, ctx, [chunk.ids])[0])
-            continue
-        rows = encode_padded(engine.adapter, ctx[:base], [ctx[base:] + chunk.ids])[0]  # from the first neighbour on
-        free.append((lead, rows[..., : len(first), :]))
-        out.append(rows[..., len(ctx) - base :, :])
-    return out, free
+    def _missing(self, chunks: list[WarmChunk], tiers: StoreChain, writes: list[KVTier], report: WarmReport) -> _Todo:
+        """The records to compute; copies the stored ones into the ``writes`` tiers that lack them."""
+        wanted = [(c.key, c, False) for c in chunks] + [(c.lead, c, True) for c in chunks if c.lead]
+        keys = list(dict.fromkeys(key for key, _, _ in wanted))
+        lacking = {t.location: {k for k, there in zip(keys, t.contains_many(keys)) if not there} for t in writes}
+        todo = _Todo()
+        for key, chunk, lead in wanted:
+            lack = [t for t in writes if key in lacking[t.location]]
+            if key in todo.plain or key in todo.leads or (writes and not lack):
+                continue
+            record = tiers.get(key)
+            if record is None:
+                (todo.leads if lead else todo.plain)[key] = chunk
+                continue
+            for tier in lack:
+                tier.put_many([record])
+                report.copied += 1
+        return todo
 
+    def _compute(self, todo: _Todo, writes: list[KVTier], given, batch_size: int, progress, report: WarmReport) -> None:
+        """Computes ``todo.plain`` (behind neighbours) and then the lead records that computing it
+        did not yield for free (alone, in padded batches)."""
+        from tqdm.auto import tqdm
 
-def _compute(
-    engine: BlendEngine,
-    todo: list[WarmChunk],
-    disk: DiskStore | None,
-    batch_size: int,
-    progress: bool | None,
-    given: dict[str, list[str]],
-    leads: dict[str, WarmChunk],
-) -> None:
-    """Computes and stores ``todo`` (behind neighbours) and then the ``leads`` that computing it did
-    not yield for free (alone, in padded batches)."""
-    from tqdm.auto import tqdm
+        order = sorted(todo.plain.values(), key=lambda c: len(c.ids))  # similar lengths pad less
+        show = progress if progress is not None else len(order) + len(todo.leads) >= 16
+        ctx = list(self.setup.context_ids)
+        with tqdm(total=len(order) + len(todo.leads), desc="warming KV", unit="chunk", disable=not show) as bar:
+            for start in range(0, len(order), batch_size):
+                batch = order[start : start + batch_size]
+                computed = self._encode(batch, given, todo.leads, report)
+                self._store(writes, computed, report)
+                bar.update(len(computed))
+            alone = sorted(todo.leads.values(), key=lambda c: len(c.ids))
+            for start in range(0, len(alone), batch_size):
+                batch = alone[start : start + batch_size]
+                report.tokens += sum(len(ctx) + len(c.ids) for c in batch)
+                kv = encode_padded(self.adapter, ctx, [c.ids for c in batch])
+                self._store(writes, [(c.lead, c, rows) for c, rows in zip(batch, kv)], report)
+                bar.update(len(batch))
 
-    order = sorted(todo, key=lambda c: len(c.ids))  # similar lengths pad less
-    show = progress if progress is not None else len(order) + len(leads) >= 16
-    with tqdm(total=len(order) + len(leads), desc="warming KV", unit="chunk", disable=not show) as bar:
-        for start in range(0, len(order), batch_size):
-            batch = order[start : start + batch_size]
-            batch_kv, free = _encode(engine, batch, given, leads)  # B x [L, 2, Hkv, T, d]
-            _store(engine, disk, [(c.key, c, kv) for c, kv in zip(batch, batch_kv)] + [(c.lead, c, kv) for c, kv in free])
-            bar.update(len(batch) + len(free))
-        alone = sorted(leads.values(), key=lambda c: len(c.ids))
-        for start in range(0, len(alone), batch_size):
-            batch = alone[start : start + batch_size]
-            engine.tokens_warmed += sum(len(engine.context_ids) + len(c.ids) for c in batch)
-            batch_kv = encode_padded(engine.adapter, engine.context_ids, [c.ids for c in batch])
-            _store(engine, disk, [(c.lead, c, kv) for c, kv in zip(batch, batch_kv)])
-            bar.update(len(batch))
+    def _contexts(self, batch: list[WarmChunk], given: dict[str, list[str]]) -> list[tuple[list[int], list[int] | None]]:
+        """What each chunk of ``batch`` is computed behind: the chunk context, then (with
+        ``setup.neighbours``) its neighbours, given or found in the neighbour index; with the ids
+        of the neighbour placed first (right behind the chunk context), if any."""
+        ctx, k = list(self.setup.context_ids), self.setup.neighbours
+        if not k:
+            return [(ctx, None)] * len(batch)
+        ask = [c for c in batch if c.text not in given]
+        found = dict(zip((c.text for c in ask), self.index.nearest([c.ids for c in ask], k, exclude=[c.text for c in ask])))
+        out = []
+        for chunk in batch:
+            texts = given[chunk.text] if chunk.text in given else found[chunk.text]
+            ids = [self.index.ids(t) or self.encode(t) for t in texts]  # given texts may be unindexed
+            kept = behind(ids, len(ctx) + len(chunk.ids), self.setup.context_window)
+            out.append(([*ctx, *(t for n in kept for t in n)], kept[0] if kept else None))
+        return out
 
+    def _encode(
+        self, batch: list[WarmChunk], given: dict[str, list[str]], leads: dict[ChunkKey, WarmChunk], report: WarmReport
+    ) -> list[tuple[ChunkKey, WarmChunk, torch.Tensor]]:
+        """(key, chunk, KV [layers, 2, kv_heads, >= tokens, head_dim]) of every chunk of ``batch``:
+        one padded batch behind the shared chunk context, or one chunk at a time behind its own
+        neighbours; plus the lead records this yields for free (every first-placed neighbour whose
+        lead record is still to compute: it is taken off ``leads``)."""
+        contexts = self._contexts(batch, given)
+        report.tokens += sum(len(ctx) + len(c.ids) for (ctx, _), c in zip(contexts, batch))
+        if not self.setup.neighbours:
+            return [(c.key, c, kv) for c, kv in zip(batch, encode_padded(self.adapter, contexts[0][0], [c.ids for c in batch]))]
+        out, free = [], []
+        base = len(self.setup.context_ids)
+        for (ctx, first), chunk in zip(contexts, batch):
+            lead = leads.pop(self.keys(first)[1], None) if first is not None and leads else None
+            if lead is None:
+                out.append((chunk.key, chunk, encode_padded(self.adapter, ctx, [chunk.ids])[0]))
+                continue
+            rows = encode_padded(self.adapter, ctx[:base], [ctx[base:] + chunk.ids])[0]  # from the first neighbour on
+            free.append((lead.lead, lead, rows[..., : len(first), :]))
+            out.append((chunk.key, chunk, rows[..., len(ctx) - base :, :]))
+        return out + free
 
-def _store(engine: BlendEngine, disk: DiskStore | None, computed: list[tuple[str, WarmChunk, object]]) -> None:
-    """Writes (key, chunk, KV [L, 2, Hkv, >= tokens, d]) records to memory, ``disk`` and every Redis store."""
-    dense, codec = compact.dense_dtype(engine.config.kv_dtype), compact.codec_for(engine.config.kv_dtype)
-    records = []
-    for key, chunk, kv in computed:
-        stored = kv[..., : len(chunk.ids), :].to("cpu", dense).contiguous()  # [L, 2, Hkv, tokens, d]
-        # int8: every tier holds what a disk or Redis read returns, so a hit is the same anywhere
-        records.append(ChunkRecord(key, compact.roundtrip(stored, codec), chunk.text))
-    for record in records:
-        engine.stores.memory.put(record)
-        if disk is not None:
-            disk.put(record)
-    for remote in engine.stores.remotes:
-        remote.put_many(records)
+    def _store(self, writes: list[KVTier], computed: list[tuple[ChunkKey, WarmChunk, torch.Tensor]], report: WarmReport) -> None:
+        """Writes the computed records to every tier of ``writes`` (memory first)."""
+        dense, codec = compact.dense_dtype(self.setup.kv_dtype), compact.codec_for(self.setup.kv_dtype)
+        records = []
+        for key, chunk, kv in computed:
+            stored = kv[..., : len(chunk.ids), :].to("cpu", dense).contiguous()  # [L, 2, Hkv, tokens, d]
+            # int8: every tier holds what a disk or Redis read returns, so a hit is the same anywhere
+            records.append(ChunkRecord(key, compact.roundtrip(stored, codec), chunk.text))
+        for tier in writes:
+            tier.put_many(records)
+        report.computed += len(records)

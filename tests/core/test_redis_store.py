@@ -146,7 +146,7 @@ def _prefill_stream(engine, prompt, killed: threading.Event, results: list, erro
         while sum(began_after for began_after, _ in results) < after and len(results) < 1000:
             began_after = killed.is_set()
             pre = engine.prefill(prompt, recompute_ratio=0.0)
-            engine.stores.remotes[0].put(record(f"{len(results):064x}"))  # a write mid-stream too
+            engine.stores.shared[0].put_many([record(f"{len(results):064x}")])  # a write mid-stream too
             results.append((began_after, pre))
     except BaseException as exc:  # noqa: BLE001 - the main thread asserts there was none
         errors.append(exc)

@@ -128,7 +128,7 @@ def test_chain_promotes_disk_hits_into_memory(tmp_path):
     chain = StoreChain(MemoryStore())
     chain.attach(DiskStore(tmp_path, FP))
     chain.attach(DiskStore(tmp_path, FP))  # attaching twice is a no-op
-    assert len(chain.disks) == 1 and rec.key not in chain.memory
+    assert len(chain.attached) == 1 and rec.key not in chain.memory
     assert torch.equal(chain.get(rec.key).kv, rec.kv) and rec.key in chain.memory
 
 

@@ -2,18 +2,20 @@
 
 ``record.py`` (ChunkRecord, LAYOUT_VERSION) and ``keys.py`` (fingerprints, content-addressed
 chunk keys) are what every tier agrees on; ``integrity.py`` is the checksummed record bytes that
-the persistent tiers hold and ``compact.py`` their int8 codec; ``memory.py``, ``disk.py`` and
+the persistent tiers hold and ``compact.py`` their int8/int4 codecs. ``tier.py`` says what a tier
+is (``KVTier``: get_many / put_many / contains_many / texts, ``shared``, ``location``) and maps
+a location to one (``open_tier``: a URL scheme or a folder); ``memory.py``, ``disk.py`` and
 ``redis.py`` are the tiers and ``chain.py`` reads them in order. A new tier is one module here
-with ``get(key) -> ChunkRecord | None``, ``put(record)`` and ``__contains__`` (``get_many`` where a
-batch saves round trips), where every failure is a miss with a ``StoreWarning``.
+plus its line in ``tier.SCHEMES``; every failure inside a tier is a miss with a ``StoreWarning``.
 """
 
 from .chain import StoreChain
 from .disk import DiskStore
-from .keys import LEAD, ChunkKey, Fingerprint, chunk_key, model_fingerprint
+from .keys import LEAD, ChunkKey, Fingerprint, RecordKeys, chunk_key, model_fingerprint
 from .memory import MemoryStore
 from .record import LAYOUT_VERSION, ChunkRecord, StoreWarning
 from .redis import RedisStore
+from .tier import KVTier, is_shared_location, open_tier
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -22,10 +24,14 @@ __all__ = [
     "ChunkRecord",
     "DiskStore",
     "Fingerprint",
+    "KVTier",
     "MemoryStore",
+    "RecordKeys",
     "RedisStore",
     "StoreChain",
     "StoreWarning",
     "chunk_key",
+    "is_shared_location",
     "model_fingerprint",
+    "open_tier",
 ]

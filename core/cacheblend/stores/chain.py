@@ -1,65 +1,63 @@
-"""The tiers one engine reads, in order: memory, then the attached disk stores, then Redis."""
+"""The tiers one engine reads, in order: memory, local tiers, shared tiers."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .disk import DiskStore
+from .keys import ChunkKey
 from .memory import MemoryStore
 from .record import ChunkRecord
-from .redis import RedisStore
+from .tier import KVTier
 
 
 class StoreChain:
-    """The stores one engine reads: memory first, then attached disk stores, then attached Redis
-    stores, in attach order.
+    """The tiers one engine reads: its memory tier, then the attached local tiers (folders), then
+    the shared ones (servers), each group in attach order.
 
-    A hit in a slower tier is promoted into memory (not into a disk store: writing files on the
-    query path would cost a query an fsync; ``warm`` fills disk stores). Disk writes name their store
-    explicitly (see ``BlendEngine.warm``), so several vector indexes can each keep their KV beside
-    themselves; Redis stores are shared by every process, so warming writes through to all of them.
+    A hit in a slower tier is promoted into memory (never into a persistent tier: writing files on
+    the query path would cost a query an fsync; warming fills those). Each attached tier is asked
+    once per lookup for every chunk still missing (one round trip for a server).
     """
 
     def __init__(self, memory: MemoryStore) -> None:
         self.memory = memory
-        self.disks: list[DiskStore] = []
-        self.remotes: list[RedisStore] = []
+        self.attached: list[KVTier] = []
 
-    def attach(self, store: DiskStore | RedisStore) -> DiskStore | RedisStore:
-        """Adds ``store`` to the lookup chain (once per directory or URL); returns the attached one."""
-        if isinstance(store, RedisStore):
-            known = next((r for r in self.remotes if r.url == store.url and r.prefix == store.prefix), None)
-            if known is None:
-                self.remotes.append(store)
-            return known or store
-        for known in self.disks:
-            if known.dir.resolve() == store.dir.resolve():
-                return known
-        self.disks.append(store)
-        return store
+    @property
+    def tiers(self) -> list[KVTier]:
+        """Every tier in read order, memory first."""
+        return [self.memory, *self.attached]
 
-    def get(self, key: str) -> ChunkRecord | None:
+    @property
+    def shared(self) -> list[KVTier]:
+        """The attached tiers other processes read too: warming writes through to each."""
+        return [t for t in self.attached if t.shared]
+
+    def attach(self, tier: KVTier) -> KVTier:
+        """Adds ``tier`` to the lookup order (once per location); returns the attached one."""
+        known = next((t for t in self.attached if t.location == tier.location), None)
+        if known is not None:
+            return known
+        # local tiers before shared ones (a folder answers faster than a server)
+        at = next((i for i, t in enumerate(self.attached) if t.shared and not tier.shared), len(self.attached))
+        self.attached.insert(at, tier)
+        return tier
+
+    def get(self, key: ChunkKey) -> ChunkRecord | None:
         return self.get_many([key])[0]
 
-    def get_many(self, keys: Sequence[str]) -> list[ChunkRecord | None]:
-        """The records of ``keys`` (a prompt's chunks), each from the fastest tier that has it;
-        every Redis store is asked once for all the chunks still missing (one round trip)."""
-        found: dict[str, ChunkRecord | None] = {k: self.memory.get(k) for k in keys}
-        for disk in self.disks:
-            for key in [k for k, rec in found.items() if rec is None]:
-                found[key] = self._promote(disk.get(key))
-        for remote in self.remotes:
+    def get_many(self, keys: Sequence[ChunkKey]) -> list[ChunkRecord | None]:
+        """The records of ``keys`` (a prompt's chunks), each from the fastest tier that has it."""
+        found: dict[ChunkKey, ChunkRecord | None] = dict(zip(keys, self.memory.get_many(keys)))
+        for tier in self.attached:
             missing = [k for k, rec in found.items() if rec is None]
             if not missing:
                 break
-            for key, record in zip(missing, remote.get_many(missing)):
-                found[key] = self._promote(record)
+            for key, record in zip(missing, tier.get_many(missing)):
+                if record is not None:
+                    self.memory.put(record)
+                found[key] = record
         return [found[k] for k in keys]
 
-    def _promote(self, record: ChunkRecord | None) -> ChunkRecord | None:
-        if record is not None:
-            self.memory.put(record)
-        return record
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.memory or any(key in d for d in self.disks) or any(key in r for r in self.remotes)
+    def __contains__(self, key: ChunkKey) -> bool:
+        return any(t.contains_many([key])[0] for t in self.tiers)

@@ -25,7 +25,7 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from . import compact, integrity
@@ -40,16 +40,34 @@ class DiskStore:
     it. ``codec``: how tensors are written (``plain`` or ``int8``, see ``stores.compact``).
     """
 
+    shared = False  # a disk store is written when a caller names it (the KV beside one vector index)
+
     def __init__(self, root: str | os.PathLike, fingerprint: str, codec: str = "plain") -> None:
         if codec not in compact.CODECS:
             raise ValueError(f"codec must be one of {', '.join(compact.CODECS)}; got {codec!r}")
         self.fingerprint = fingerprint
         self.codec = codec
         self.dir = Path(root) / fingerprint[:16]
+        self.location = str(self.dir.resolve())
         self._catalogue = self.dir / "catalogue.jsonl"
         self._writable = True
         if self.dir.is_dir():
             _clean_temps(self.dir / "tmp")
+
+    @classmethod
+    def open(cls, root: str | os.PathLike, fingerprint: str, codec: str = "plain") -> DiskStore:
+        """The store for ``fingerprint`` under ``root``, with a ``StoreWarning`` when ``root`` holds
+        only stores of other models or settings (every chunk will then be computed)."""
+        store = cls(root, fingerprint, codec)
+        others = [fp for fp in cls.fingerprints(root) if not fingerprint.startswith(fp)]
+        if others and not store.dir.is_dir():
+            warnings.warn(
+                f"the KV store at {root} holds only KV written for other models or settings "
+                f"({', '.join(others)}); every chunk will be computed",
+                StoreWarning,
+                stacklevel=3,
+            )
+        return store
 
     @staticmethod
     def fingerprints(root: str | os.PathLike) -> list[str]:
@@ -100,6 +118,16 @@ class DiskStore:
             warnings.warn(
                 f"cannot write the KV store at {self.dir} ({exc}); chunks stay in memory only", StoreWarning, 2
             )
+
+    def get_many(self, keys: Sequence[str]) -> list[ChunkRecord | None]:
+        return [self.get(k) for k in keys]
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        return [k in self for k in keys]
+
+    def put_many(self, records: Sequence[ChunkRecord]) -> None:
+        for record in records:
+            self.put(record)
 
     def texts(self) -> Iterable[str]:
         """The catalogue's texts, plus (re-catalogued) those of any record the catalogue lacks."""

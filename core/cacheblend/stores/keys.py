@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NewType
 
 import torch
@@ -103,3 +104,16 @@ def chunk_key(fingerprint: Fingerprint, ids: Sequence[int], variant: str = "") -
         h.update(f"variant={variant}|".encode())
     h.update(torch.tensor(list(ids), dtype=torch.int32).numpy().astype("<i4").tobytes())
     return ChunkKey(h.hexdigest())
+
+
+@dataclass(frozen=True)
+class RecordKeys:
+    """The store keys of a chunk's records under one fingerprint: its KV as warmed (behind
+    neighbours, if any), and with ``lead_alone`` its KV warmed alone for the prompts it leads."""
+
+    fingerprint: Fingerprint
+    lead_alone: bool = False
+
+    def __call__(self, ids: Sequence[int]) -> tuple[ChunkKey, ChunkKey | None]:
+        plain = chunk_key(self.fingerprint, ids)
+        return plain, chunk_key(self.fingerprint, ids, LEAD) if self.lead_alone else None

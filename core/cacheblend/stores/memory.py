@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 
 from .record import ChunkRecord
 
@@ -10,6 +11,9 @@ from .record import ChunkRecord
 class MemoryStore:
     """In-process store with a byte budget and least-recently-used eviction (an evicted chunk is
     a later miss, recomputed, never an error)."""
+
+    shared = False
+    location = "memory"
 
     def __init__(self, max_bytes: int = 2 << 30) -> None:
         if max_bytes <= 0:
@@ -34,6 +38,19 @@ class MemoryStore:
         while self.nbytes > self.max_bytes:
             _, evicted = self._records.popitem(last=False)
             self.nbytes -= evicted.nbytes
+
+    def get_many(self, keys: Sequence[str]) -> list[ChunkRecord | None]:
+        return [self.get(k) for k in keys]
+
+    def put_many(self, records: Sequence[ChunkRecord]) -> None:
+        for record in records:
+            self.put(record)
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        return [k in self._records for k in keys]
+
+    def texts(self) -> Iterable[str]:
+        return [r.text for r in self._records.values()]
 
     def __contains__(self, key: str) -> bool:
         return key in self._records

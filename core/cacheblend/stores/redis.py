@@ -37,6 +37,8 @@ def is_redis_url(target: object) -> bool:
 class RedisStore:
     """Chunk KV on a Redis server (URL forms: ``SCHEMES``; ``+cluster`` means Redis Cluster)."""
 
+    shared = True  # every process attached to the server reads it: warming writes through
+
     def __init__(
         self,
         url: str,
@@ -58,6 +60,7 @@ class RedisStore:
         self.url, self.fingerprint, self.codec = url, fingerprint, codec
         self.ttl_s, self.timeout_s, self.retry_after_s = ttl_s, timeout_s, retry_after_s
         self.prefix = f"cacheblend:{fingerprint[:16]}:"
+        self.location = f"{url}#{self.prefix}"
         self._client: Any = None
         self._down_until = 0.0
 
