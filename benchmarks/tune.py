@@ -31,7 +31,7 @@ def measure(examples, settings: dict[str, tuple[BlendEngine, BlendConfig]], refe
         full = reference.prefill(**req, recompute_ratio=1.0)
         answer = reference.generate_from(full, max_new_tokens=ANSWER_TOKENS)
         for name, (engine, cfg) in settings.items():
-            pre = engine.prefill(**req, config=cfg)
+            pre = engine.prefill(**req, config=cfg.with_kv_of(engine.config))  # the settings vary the blend only
             kl = answer_kl(full, pre, answer.token_ids)
             out[name].append((kl, pre.stats.recomputed_tokens / pre.stats.prompt_tokens))
         print(f"  example {i + 1}/{len(examples)} done", flush=True)

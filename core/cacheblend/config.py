@@ -13,11 +13,19 @@ MEASURES = ("k", "v", "kv")
 CHUNK_CONTEXTS = ("none", "bos", "system")
 KV_DTYPES = ("float16", "bfloat16", "float32", "int8", "int4")
 MAX_NEIGHBOURS = 8
+# What keys the KV: fixed per engine (they are in every chunk's fingerprint and decide what warm
+# stores). Every other field is a per-call blend knob that a prefill's ``config=`` may change.
+KV_FIELDS = ("chunk_context", "neighbours", "lead_alone", "kv_dtype")
 
 
 @dataclass(frozen=True)
 class BlendConfig:
     """How the engine blends cached chunk KV into a prompt.
+
+    Two kinds of fields: what keys the KV (``KV_FIELDS``: chunk_context, neighbours, lead_alone,
+    kv_dtype), fixed when the engine is built because they decide what ``warm`` stores and are
+    part of every chunk key; and the blend knobs (the rest), which a call's ``config=`` may
+    change. A call's config that changes a ``KV_FIELDS`` value is refused, never ignored.
 
     Attributes:
         check_layers: layers at which reused tokens are re-ranked by KV deviation. Layers before the
@@ -118,6 +126,15 @@ class BlendConfig:
         """ValueError when a check layer is past the last layer of a ``num_layers``-layer model."""
         if max(self.check_layers) >= num_layers:
             raise ValueError(f"check layer {max(self.check_layers)} does not exist; the model has {num_layers} layers")
+
+    def kv_differences(self, other: BlendConfig) -> dict[str, tuple[object, object]]:
+        """The ``KV_FIELDS`` whose values differ from ``other``'s: field -> (ours, theirs)."""
+        return {f: (getattr(self, f), getattr(other, f)) for f in KV_FIELDS if getattr(self, f) != getattr(other, f)}
+
+    def with_kv_of(self, other: BlendConfig) -> BlendConfig:
+        """This config's blend knobs with ``other``'s ``KV_FIELDS``: what a prefill on an engine
+        configured with ``other`` can take (``engine.prefill(config=cfg.with_kv_of(engine.config))``)."""
+        return replace(self, **{f: getattr(other, f) for f in KV_FIELDS})
 
     def with_ratio(self, ratio: float) -> BlendConfig:
         """This config with its final recompute ratio set to ``ratio``.

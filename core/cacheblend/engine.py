@@ -213,26 +213,43 @@ class BlendEngine:
         recompute_ratio: float | None = None,
         config: BlendConfig | None = None,
     ) -> Prefilled:
-        """Blended prefill of a request. ``recompute_ratio`` 1.0 is a full prefill (no cache read)."""
+        """Blended prefill of a request. ``recompute_ratio`` 1.0 is a full prefill (no cache read).
+        ``config``: other blend knobs for this call (see ``BlendConfig``; what keys the KV stays
+        the engine's: a config that changes it is a ValueError)."""
         started = time.perf_counter()
         text = self.prompt_text(prompt, chunks=chunks, query=query, prefix=prefix)
         return self._prefill(text, encode_prompt(self.tokenizer, text.text), recompute_ratio, config, started)
 
     def _prefill(self, text: PromptText, encoding: Encoding, ratio, config, started) -> Prefilled:
-        cfg = config or self.config
-        cfg.check_model_layers(self.adapter.num_layers)
+        cfg = self._call_config(config)
         cfg = cfg.with_ratio(ratio) if ratio is not None else cfg
         full = cfg.recompute_ratio >= 1.0 or cfg.selector == "all"
         with self._lock:
             asm = assemble(text, encoding, self.encode_chunk, None if full else self._lookup, self.adapter.device)
         self._check_length(asm.input.ids.shape[0])
-        selector = self.selector if self.selector is not None and config is None else make_selector(cfg)
+        selector = self.selector if self.selector is not None else make_selector(cfg)
         t = time.perf_counter()
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
         stats = asm.stats(out.recomputed, cfg.recompute_ratio if not full else 1.0)
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started
         return Prefilled(self.adapter, asm.input.ids, out, stats)
+
+    def _call_config(self, config: BlendConfig | None) -> BlendConfig:
+        """The config of one call: ``config`` may change the blend knobs, never what keys the KV,
+        and not the selector of an engine built with a custom one."""
+        if config is None:
+            return self.config
+        diff = config.kv_differences(self.config)
+        if diff:
+            said = ", ".join(f"{f}={a!r} (the engine's: {b!r})" for f, (a, b) in diff.items())
+            raise ValueError(f"config= changes what keys the KV: {said}; that is fixed per engine (build one with "
+                             "it), or pass config.with_kv_of(engine.config) to change only the blend")
+        if self.selector is not None and config.selector != self.config.selector:
+            raise ValueError(f"this engine blends with a custom selector ({type(self.selector).__name__}); "
+                             f"config= cannot switch it to {config.selector!r}")
+        config.check_model_layers(self.adapter.num_layers)
+        return config
 
     def _check_length(self, n: int) -> None:
         if n >= self.context_window:

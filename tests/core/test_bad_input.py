@@ -119,3 +119,40 @@ def test_stream_rejects_an_over_long_prompt_at_the_call(make_engine):
     engine = make_engine()
     with pytest.raises(ValueError, match="context window"):
         engine.stream(prompt="word " * engine.context_window)  # no next() needed
+
+
+def test_a_call_config_that_changes_what_keys_the_kv_is_refused_not_ignored(make_engine):
+    """``prefill(config=)`` used to read only the blend knobs of a config and silently drop its
+    neighbours / chunk context / lead records / kv dtype; now that is a ValueError naming them, and
+    ``with_kv_of`` says "the blend knobs only" explicitly."""
+    engine = make_engine("llama")  # neighbours=0, kv_dtype float32
+    engine.warm([CHUNK])
+    req = dict(chunks=[CHUNK], query="What about tides?")
+    with pytest.raises(ValueError, match=r"neighbours=1 \(the engine's: 0\).*kv_dtype='float16'"):
+        engine.prefill(**req, config=BlendConfig(selector="random"))
+    mine = BlendConfig(selector="random", ratios=(0.3,)).with_kv_of(engine.config)
+    assert mine.kv_differences(engine.config) == {} and mine.selector == "random" and mine.recompute_ratio == 0.3
+    a = engine.prefill(**req, config=mine)
+    from dataclasses import replace
+
+    b = engine.prefill(**req, config=replace(engine.config, selector="random", ratios=(0.3,)))
+    assert torch.equal(a.output.logits, b.output.logits) and a.stats.recomputed_tokens == b.stats.recomputed_tokens
+
+
+def test_a_custom_selector_is_kept_for_call_configs_and_never_silently_switched(tokenizer):
+    from tiny_models import tiny_model
+
+    calls = []
+
+    def first_tokens(cand, budget):
+        calls.append(budget)
+        return torch.arange(min(budget, cand.positions.shape[0]), device=cand.positions.device)
+
+    cfg = BlendConfig(kv_dtype="float32", neighbours=0)
+    engine = BlendEngine(tiny_model("llama"), tokenizer, config=cfg, selector=first_tokens)
+    engine.warm([CHUNK])
+    req = dict(chunks=[CHUNK], query="What about tides?")
+    engine.prefill(**req, config=cfg.with_ratio(0.5))  # another ratio: the custom selector still picks
+    assert calls and calls[-1] > 0
+    with pytest.raises(ValueError, match="custom selector.*'random'"):
+        engine.prefill(**req, config=BlendConfig(selector="random").with_kv_of(cfg))

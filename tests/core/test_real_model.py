@@ -72,7 +72,7 @@ def test_deviation_selection_beats_full_reuse_and_random(fresh_real_engine, pydo
             full = engine.prefill(**req, recompute_ratio=1.0)
             answer = engine.generate_from(full, max_new_tokens=ANSWER).token_ids
             for name, cfg in configs.items():
-                pre = engine.prefill(**req, config=cfg)
+                pre = engine.prefill(**req, config=cfg.with_kv_of(engine.config))
                 assert pre.stats.chunk_hits == 4
                 kl[name].append(answer_kl(full, pre, answer))
                 agree[name].append(top1_agreement(full, pre, answer))
@@ -212,6 +212,6 @@ def test_default_deviation_beats_query_attention_and_full_reuse_on_generated_fac
         full = real_engine.prefill(**req, recompute_ratio=1.0)
         answer = real_engine.generate_from(full, max_new_tokens=ANSWER, stop=["."]).token_ids
         for name, cfg in configs.items():
-            kl[name].append(answer_kl(full, real_engine.prefill(**req, config=cfg), answer))
+            kl[name].append(answer_kl(full, real_engine.prefill(**req, config=cfg.with_kv_of(real_engine.config)), answer))
     mean_kl = {k: statistics.mean(v) for k, v in kl.items()}
     assert mean_kl["default"] < mean_kl["query"] < mean_kl["reuse"], mean_kl
