@@ -40,7 +40,7 @@ def _identical(engine, passages: list[str]) -> dict[str, bool]:
     if engine.is_chat_model:
         messages = [{"role": "user", "content": user}]
         out["chat template"] = engine.token_ids(engine.render_chat(messages)) == _template_ids(tok, messages)
-        out["explicit chunks"] = engine.token_ids(chunks=passages, query=QUESTION) == _template_ids(tok, messages)
+        out["explicit chunks"] = engine.request(chunks=passages, query=QUESTION).ids == _template_ids(tok, messages)
     return out
 
 
@@ -71,7 +71,7 @@ def musique_check(path: str, model: str) -> dict:
     data = load_musique(path, 6)
     differ = 0
     for ex in data:
-        text = engine.prompt_text(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX)
+        text = engine.request(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX).text
         differ += segmentwise_ids(engine.tokenizer, text) != engine.token_ids(text.text)
     print(f"MuSiQue prompts whose segment-wise ids differ from the tokenizer's: {differ} of {len(data)}")
     return {"musique": path, "prompts": len(data), "segmentwise_differ": differ}

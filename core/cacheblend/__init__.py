@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from .models.adapter import UnsupportedModelError
     from .models.bundled import ALIAS as BUNDLED_MODEL
     from .prompts.finder import ChunkFinder
+    from .prompts.prepared import ContextLengthError, Request
     from .registry import shared_engine
     from .result import BlendStats, Generation
-    from .stores import ChunkRecord, DiskStore, MemoryStore, RedisStore, StoreChain, StoreWarning
+    from .stores import ChunkRecord, DiskStore, KVTier, MemoryStore, RedisStore, StoreChain, StoreWarning
 
 __version__ = "0.1.0"
 
@@ -49,15 +50,18 @@ _EXPORTS = {
     "ChunkFinder": "prompts.finder",
     "ChunkRecord": "stores",
     "ChunkStartSelector": "blending.selection",
+    "ContextLengthError": "prompts.prepared",
     "DeviationSelector": "blending.selection",
     "DiskStore": "stores",
     "Generation": "result",
     "GenerationStream": "generation.decode",
+    "KVTier": "stores",
     "MemoryStore": "stores",
     "NoneSelector": "blending.selection",
     "Prefilled": "generation.decode",
     "RandomSelector": "blending.selection",
     "RedisStore": "stores",
+    "Request": "prompts.prepared",
     "SUPPORTED_MODELS": "models.adapter:SUPPORTED",
     "Selector": "blending.selection",
     "StoreChain": "stores",

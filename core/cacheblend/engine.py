@@ -22,7 +22,7 @@ import torch
 from .blending.blend import blend_prefill
 from .blending.selection import Selector, make_selector
 from .config import BlendConfig
-from .generation.decode import Decoding, GenerationStream, Prefilled, Sampling, eos_ids
+from .generation.decode import Decoding, GenerationStream, Prefilled, eos_ids
 from .models import bundled
 from .models.adapter import adapt
 from .models.loading import load_pretrained
@@ -38,6 +38,7 @@ from .prompts.request import (
     render_chat,
     request_prompt,
 )
+from .prompts.prepared import Request
 from .prompts.tokenize import Encoding, chunk_context_ids, encode_chunk, encode_prompt
 from .result import Generation
 from .stores import ChunkKey, ChunkRecord, KVTier, MemoryStore, RecordKeys, StoreChain, compact, model_fingerprint, open_tier
@@ -187,16 +188,27 @@ class BlendEngine:
         return report.keys
 
     # -- prefill and generation -----------------------------------------------------------------
-    def prompt_text(
+    def request(
         self,
-        prompt: str | None = None,
+        prompt: str | Request | None = None,
         *,
         chunks: Sequence[str] | None = None,
         query: str | None = None,
         prefix: str | None = None,
-    ) -> PromptText:
-        """The request as one prompt string with the spans of its chunks: a raw prompt searched for
-        warmed chunks, or explicit chunks wrapped by the chat template around ``prefix``/``query``."""
+    ) -> Request:
+        """The request validated, as one prompt string with the spans of its chunks (a raw prompt
+        searched for warmed chunks, or explicit chunks wrapped by the chat template around
+        ``prefix``/``query``), tokenized and checked against the context window, once: prefill,
+        stream and generate take it as it is. A ``Request`` is returned unchanged.
+        ContextLengthError (a ValueError) when it does not fit."""
+        if isinstance(prompt, Request):
+            if chunks is not None or query is not None or prefix is not None:
+                raise ValueError("a Request already holds its chunks and query: pass it alone")
+            return prompt
+        text = self._text(prompt, chunks, query, prefix)
+        return Request.fitted(text, encode_prompt(self.tokenizer, text.text), self.context_window)
+
+    def _text(self, prompt, chunks, query, prefix) -> PromptText:
         check_request(prompt, chunks, query, prefix)
         if prompt is not None:
             with self._lock:
@@ -205,7 +217,7 @@ class BlendEngine:
 
     def prefill(
         self,
-        prompt: str | None = None,
+        prompt: str | Request | None = None,
         *,
         chunks: Sequence[str] | None = None,
         query: str | None = None,
@@ -217,16 +229,15 @@ class BlendEngine:
         ``config``: other blend knobs for this call (see ``BlendConfig``; what keys the KV stays
         the engine's: a config that changes it is a ValueError)."""
         started = time.perf_counter()
-        text = self.prompt_text(prompt, chunks=chunks, query=query, prefix=prefix)
-        return self._prefill(text, encode_prompt(self.tokenizer, text.text), recompute_ratio, config, started)
+        return self._prefill(self.request(prompt, chunks=chunks, query=query, prefix=prefix), recompute_ratio, config, started)
 
-    def _prefill(self, text: PromptText, encoding: Encoding, ratio, config, started) -> Prefilled:
+    def _prefill(self, request: Request, ratio, config, started) -> Prefilled:
         cfg = self._call_config(config)
         cfg = cfg.with_ratio(ratio) if ratio is not None else cfg
         full = cfg.recompute_ratio >= 1.0 or cfg.selector == "all"
         with self._lock:
-            asm = assemble(text, encoding, self.encode_chunk, None if full else self._lookup, self.adapter.device)
-        self._check_length(asm.input.ids.shape[0])
+            asm = assemble(request.text, request.encoding, self.encode_chunk, None if full else self._lookup,
+                           self.adapter.device)
         selector = self.selector if self.selector is not None else make_selector(cfg)
         t = time.perf_counter()
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
@@ -251,10 +262,6 @@ class BlendEngine:
         config.check_model_layers(self.adapter.num_layers)
         return config
 
-    def _check_length(self, n: int) -> None:
-        if n >= self.context_window:
-            raise ValueError(f"the prompt has {n} tokens; the model's context window is {self.context_window}")
-
     def _lookup(self, chunks: list[list[int]]) -> list[ChunkRecord | None]:
         """The stored KV of a prompt's chunks, in prompt order. With ``lead_alone`` the first chunk
         reads its ``lead`` record (warmed alone) and the others their records warmed behind
@@ -268,55 +275,41 @@ class BlendEngine:
                 records[i] = record
         return records
 
-    def token_ids(
-        self,
-        prompt: str | None = None,
-        *,
-        chunks: Sequence[str] | None = None,
-        query: str | None = None,
-        prefix: str | None = None,
-    ) -> list[int]:
-        """The prompt's token ids as the engine feeds them (no compute, no cache read)."""
-        text = self.prompt_text(prompt, chunks=chunks, query=query, prefix=prefix)
-        return encode_prompt(self.tokenizer, text.text).ids
+    def token_ids(self, prompt: str | Request) -> list[int]:
+        """The token ids the engine feeds for a raw prompt (no compute, no cache read, no length
+        check: for counting) or a ``Request`` (``engine.request(chunks=..., query=...).ids``)."""
+        return prompt.ids if isinstance(prompt, Request) else encode_prompt(self.tokenizer, prompt).ids
 
     def stream(
         self,
-        prompt: str | None = None,
+        prompt: str | Request | None = None,
         *,
         chunks: Sequence[str] | None = None,
         query: str | None = None,
         prefix: str | None = None,
-        max_new_tokens: int = 256,
         recompute_ratio: float | None = None,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
+        **options: Any,
     ) -> GenerationStream:
         """Like ``generate`` but yields text as it is produced; ``.result`` holds the Generation.
 
-        Arguments are validated here; the prefill starts with the first ``next()``.
+        ``options``: ``max_new_tokens`` (256), ``temperature`` (0: greedy), ``top_p``, ``top_k``,
+        ``seed`` and ``stop`` (``generation.decode.Decoding.of``; an unknown name is a ValueError).
+        Everything is validated here; the prefill starts with the first ``next()``.
         """
-        text = self.prompt_text(prompt, chunks=chunks, query=query, prefix=prefix)
-        decoding = Decoding(max_new_tokens, Sampling(temperature, top_p, top_k, seed), stop)
-        encoding = encode_prompt(self.tokenizer, text.text)
-        self._check_length(len(encoding.ids))
-        return self._stream(lambda t0: self._prefill(text, encoding, recompute_ratio, None, t0), decoding)
+        request = self.request(prompt, chunks=chunks, query=query, prefix=prefix)
+        decoding = Decoding.of(**options)
+        return self._stream(lambda t0: self._prefill(request, recompute_ratio, None, t0), decoding)
 
     def _stream(self, prefill, decoding: Decoding) -> GenerationStream:
         return GenerationStream(prefill, decoding, self.tokenizer, self.eos_ids, self.context_window)
 
-    def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
-        """Generates an answer. Takes ``prompt`` or ``chunks``/``query``/``prefix``, plus
-        ``max_new_tokens``, ``recompute_ratio``, ``temperature``, ``top_p``, ``top_k``, ``seed``
-        and ``stop`` (see ``stream``). Returns the text (never the prompt) and BlendStats."""
+    def generate(self, prompt: str | Request | None = None, **kwargs: Any) -> Generation:
+        """Generates an answer. Takes ``prompt`` (a string or a ``Request``) or
+        ``chunks``/``query``/``prefix``, plus ``recompute_ratio`` and the decoding options of
+        ``stream``. Returns the text (never the prompt) and BlendStats."""
         return self.stream(prompt, **kwargs).consume()
 
     def generate_from(self, prefilled: Prefilled, *, max_new_tokens: int = 256, **sampling: Any) -> Generation:
         """Decodes from an existing prefill (its KV is copied, so it can be decoded again).
         Takes the sampling options and ``stop`` of ``generate``; timings count from this call."""
-        stop = sampling.pop("stop", None)
-        decoding = Decoding(max_new_tokens, Sampling(**sampling), stop)
-        return self._stream(lambda t0: prefilled, decoding).consume()
+        return self._stream(lambda t0: prefilled, Decoding.of(max_new_tokens=max_new_tokens, **sampling)).consume()

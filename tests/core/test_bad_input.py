@@ -156,3 +156,28 @@ def test_a_custom_selector_is_kept_for_call_configs_and_never_silently_switched(
     assert calls and calls[-1] > 0
     with pytest.raises(ValueError, match="custom selector.*'random'"):
         engine.prefill(**req, config=BlendConfig(selector="random").with_kv_of(cfg))
+
+
+def test_a_request_is_validated_and_tokenized_once_and_reused_as_it_is(make_engine):
+    from cacheblend import ContextLengthError, Request
+
+    engine = make_engine("llama")
+    engine.warm([CHUNK])
+    req = engine.request(chunks=[CHUNK], query="What about tides?")
+    assert isinstance(req, Request) and req.ids == engine.token_ids(req.text.text)
+    assert [req.text.text[s.start : s.end] for s in req.text.chunks] == [CHUNK]
+    assert engine.request(req) is req  # passes through: nothing searched or tokenized again
+    with pytest.raises(ValueError, match="already holds its chunks"):
+        engine.prefill(req, query="another question")
+    a, b = engine.prefill(req), engine.prefill(chunks=[CHUNK], query="What about tides?")
+    assert torch.equal(a.output.logits, b.output.logits) and a.stats.cached_tokens == b.stats.cached_tokens > 0
+    with pytest.raises(ContextLengthError, match="context window") as err:
+        engine.request("word " * engine.context_window)
+    assert err.value.tokens >= err.value.window == engine.context_window
+    assert len(engine.token_ids("word " * engine.context_window)) >= engine.context_window  # counting never raises
+
+
+def test_an_unknown_generation_option_is_named(make_engine):
+    engine = make_engine("llama")
+    with pytest.raises(ValueError, match=r"unknown generation option\(s\) temprature; known: max_new_tokens, stop, temperature"):
+        engine.stream(chunks=[CHUNK], query="q", temprature=0.5)

@@ -47,7 +47,7 @@ def blend(engine, text, schedule, selector):
 
 
 def request(engine, order=(0, 1, 2)):
-    return engine.prompt_text(chunks=[CHUNKS[i] for i in order], query=QUESTION)
+    return engine.request(chunks=[CHUNKS[i] for i in order], query=QUESTION).text
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -158,8 +158,8 @@ def test_prefix_caching_baseline_equals_full_prefill(make_engine, family):
     from cacheblend.tools.bench import PrefixCache
 
     engine = make_engine(family)
-    ids = engine.token_ids(chunks=CHUNKS, query=QUESTION)
-    text = engine.prompt_text(chunks=CHUNKS, query=QUESTION)
+    ids = engine.request(chunks=CHUNKS, query=QUESTION).ids
+    text = engine.request(chunks=CHUNKS, query=QUESTION).text
     head = encode_prompt(engine.tokenizer, text.text[: text.chunks[0].start]).ids
     prefix = PrefixCache(engine, head)
     pre = prefix.prefill(ids)

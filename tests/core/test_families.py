@@ -63,7 +63,7 @@ def test_chat_prompt_ids_are_the_templates(engine, family):
 
 def test_explicit_chunks_ids_are_the_templates(engine, family):
     """chunks/query/prefix build the documented prompt; its ids are the template's (or tokenizer's)."""
-    ids = engine.token_ids(chunks=PASSAGES, query=QUESTION, prefix=SYSTEM)
+    ids = engine.request(chunks=PASSAGES, query=QUESTION, prefix=SYSTEM).ids
     tok = engine.tokenizer
     if engine.is_chat_model:
         if family == "mistral":  # no system role: the prefix opens the user message

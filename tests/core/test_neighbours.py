@@ -184,7 +184,7 @@ def test_a_chunk_warmed_behind_neighbours_is_reused_wherever_it_lands(make_engin
     for chunks in ([BEES[0], SHIPS[2]], [SHIPS[2], BEES[1], SHIPS[0]]):
         assert engine.prefill(chunks=chunks, query="Which ship is oldest?").stats.chunk_hits == len(chunks)
         pre = engine.prefill(chunks=chunks, query="Which ship is oldest?", recompute_ratio=1.0)
-        ids = engine.token_ids(chunks=chunks, query="Which ship is oldest?")
+        ids = engine.request(chunks=chunks, query="Which ship is oldest?").ids
         logits = engine.adapter.model(input_ids=torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(pre.output.logits, logits, atol=1e-4, rtol=1e-4)
 

@@ -66,7 +66,7 @@ def test_full_prefill_equals_transformers_forward(engine, full_prefills):
     engine computes every row, so it reads none of them). The tolerance
     is fp32 round-off (see ATOL): the same ops in other kernels' summation orders."""
     for req, pre in full_prefills:
-        assert pre.ids.tolist() == engine.token_ids(engine.prompt_text(**req).text)
+        assert pre.ids.tolist() == engine.token_ids(engine.request(**req).text.text)
         ref = _hf_logits(engine, pre.ids)
         torch.testing.assert_close(pre.output.logits.float(), ref, atol=ATOL, rtol=1e-5)
         assert int(pre.output.logits.argmax()) == int(ref.argmax())

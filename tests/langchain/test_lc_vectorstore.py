@@ -98,7 +98,7 @@ def test_blank_tiny_and_oversized_documents_are_indexed_but_not_warmed(engine, e
     assert lookup(engine, normal) == (1, 0)
     # A warmed "ferry" would be cut out of this prompt as a chunk, changing its tokenization.
     prompt = engine.render_chat([{"role": "user", "content": "Take the ferry to the island."}])
-    assert engine.prompt_text(prompt).chunks == ()
+    assert engine.request(prompt).text.chunks == ()
 
 
 def test_save_local_writes_faiss_files_and_a_pickle_free_kv_store(tmp_path, engine, embeddings):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -155,6 +155,9 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
+SAMPLING_FIELDS = tuple(f.name for f in fields(Sampling))  # temperature, top_p, top_k, seed
+
+
 @dataclass(frozen=True)
 class Decoding:
     max_new_tokens: int
@@ -165,6 +168,16 @@ class Decoding:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         object.__setattr__(self, "stop", [s for s in (self.stop or []) if s])
+
+    @classmethod
+    def of(cls, *, max_new_tokens: int = 256, stop: Sequence[str] | None = None, **sampling: Any) -> Decoding:
+        """The decoding of a call's options: ``max_new_tokens``, ``stop`` and the fields of
+        ``Sampling``; ValueError naming any other option."""
+        unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
+        if unknown:
+            known = ", ".join(("max_new_tokens", "stop", *SAMPLING_FIELDS))
+            raise ValueError(f"unknown generation option(s) {', '.join(unknown)}; known: {known}")
+        return cls(max_new_tokens, Sampling(**sampling), stop)
 
 
 class GenerationStream:

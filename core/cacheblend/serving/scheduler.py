@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..generation.decode import Sampling, TextTracker
+from ..prompts.prepared import ContextLengthError
 from ..result import BlendStats
 from .batch import SlotKV
 from .metrics import Metrics
@@ -211,13 +212,15 @@ class Scheduler:
         try:
             if job.documents:
                 engine.warm(job.documents)
-            n = len(engine.token_ids(job.prompt))
-            if n >= engine.context_window:
+            try:
+                request = engine.request(job.prompt)  # searched for chunks and tokenized once
+            except ContextLengthError as exc:
                 raise ContextLengthExceeded(
-                    f"This model's maximum context length is {engine.context_window} tokens. "
-                    f"However, your prompt has {n} tokens."
-                )
-            pre = engine.prefill(job.prompt, recompute_ratio=job.recompute_ratio)
+                    f"This model's maximum context length is {exc.window} tokens. "
+                    f"However, your prompt has {exc.tokens} tokens."
+                ) from None
+            n = len(request.ids)
+            pre = engine.prefill(request, recompute_ratio=job.recompute_ratio)
         except Exception as exc:  # bad input or a model failure: the request fails, the server goes on
             job.emit(Event("error", error=exc))
             return 1
