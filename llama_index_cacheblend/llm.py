@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cacheblend
-from cacheblend import BlendEngine, BlendStats, Generation
+from cacheblend.result import BlendStats, Generation
 from cacheblend.integrations import EngineFields, Usage, iterate_in_thread
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -34,6 +34,9 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import default_completion_to_prompt
 from llama_index.core.prompts import BasePromptTemplate
+
+if TYPE_CHECKING:  # the engine (and torch) load with the first model, not with this package
+    from cacheblend import BlendEngine
 
 GENERATION_KEYS = ("max_new_tokens", "recompute_ratio", "temperature", "top_p", "top_k", "seed", "stop")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
-from cacheblend import BlendStats
+from cacheblend.result import BlendStats
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler

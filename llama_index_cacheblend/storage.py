@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cacheblend
-from cacheblend import BlendEngine, DiskStore
 from cacheblend.integrations import KV_DIR, kv_store_dir, warm_texts
 from llama_index.core import StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.indices.base import BaseIndex
 
 from .warmer import llm_texts
+
+if TYPE_CHECKING:  # the engine (and torch) load with the first model, not with this package
+    from cacheblend import BlendEngine, DiskStore
 
 KV_SUBDIR = KV_DIR  # this package's public name for it
 
@@ -68,6 +70,8 @@ def attach_kv_store(persist_dir: str | Path, engine: BlendEngine | None = None) 
     root = kv_store_dir(persist_dir)
     disk = engine.attach_store(root)
     if not disk.dir.is_dir():
+        from cacheblend.stores import DiskStore
+
         others = DiskStore.fingerprints(root)
         held = f"it holds KV for other model fingerprints {others}" if others else "it is empty"
         warnings.warn(

@@ -31,15 +31,17 @@ import uuid
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cacheblend
-from cacheblend import BlendEngine
 from cacheblend.integrations import warm_texts
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
 from .llm import state_without_engine
+
+if TYPE_CHECKING:  # the engine (and torch) load with the first model, not with this package
+    from cacheblend import BlendEngine
 
 # Identifies this process's memory store in cache keys (a constant, never mutated).
 _PROCESS_MEMORY = f"memory:{os.getpid()}:{uuid.uuid4().hex[:12]}"

@@ -123,3 +123,16 @@ def test_pickling_keeps_settings_and_the_shared_engine_and_leaves_the_original_i
     warmer = KVCacheWarmer()
     clone = pickle.loads(pickle.dumps(warmer))
     assert clone.engine is warmer.engine and clone.to_dict() == warmer.to_dict()
+
+
+def test_importing_the_package_does_not_load_torch():
+    """The engine, and torch with it, load with the first CacheBlendLLM, not with the import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, llama_index_cacheblend as m; "
+        "m.CacheBlendLLM, m.KVCacheWarmer, m.WholeChunkSynthesizer, m.persist_index, m.BlendStatsHandler; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

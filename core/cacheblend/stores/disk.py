@@ -65,7 +65,7 @@ class DiskStore:
                 f"the KV store at {root} holds only KV written for other models or settings "
                 f"({', '.join(others)}); every chunk will be computed",
                 StoreWarning,
-                stacklevel=3,
+                stacklevel=4,  # DiskStore.open <- open_tier <- BlendEngine.attach_store <- its caller
             )
         return store
 
