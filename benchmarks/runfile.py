@@ -21,7 +21,6 @@ import platform
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -110,12 +109,9 @@ class RunRecord:
             return None
         if "run" in payload:
             raise ValueError("the payload's 'run' key is the run file's own")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        from cacheblend.files import write_atomic  # the package's one atomic writer (no torch import)
+
         text = json.dumps({"run": self.meta(), **payload}, indent=2, default=str) + "\n"
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        path = write_atomic(path, text.encode("utf-8"), prefix=f".{Path(path).name}.")
         print(f"wrote run file {path}", flush=True)
         return path

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..files import write_atomic
 from .warming import warmable
 
 if TYPE_CHECKING:
@@ -40,11 +40,7 @@ def unstored_texts(engine: BlendEngine, kv_dir: str | os.PathLike, texts: Iterab
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Writes ``data`` to ``path`` atomically (temp file + rename): readers see all or nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1).encode("utf-8"), prefix=".tmp-")
 
 
 def read_json(path: Path) -> dict[str, Any]:

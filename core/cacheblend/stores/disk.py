@@ -22,12 +22,12 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ..files import write_atomic
 from . import compact, integrity
 from .record import ChunkRecord, StoreWarning
 
@@ -111,7 +111,7 @@ class DiskStore:
             return
         try:
             data = integrity.encode(record, self.fingerprint, self.codec)
-            _atomic_write(self.path(record.key), data, self.dir / "tmp")
+            write_atomic(self.path(record.key), data, tmp_dir=self.dir / "tmp", prefix=_temp_prefix())
             self._append_catalogue([(record.key, record.text)])
         except OSError as exc:
             self._writable = False
@@ -193,24 +193,6 @@ _TEMP_MAX_AGE_S = 3600
 
 def _temp_prefix() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-"
-
-
-def _atomic_write(path: Path, data: bytes, tmp_dir: Path) -> None:
-    """Writes ``path`` so that readers see either nothing or the whole file. Temp files live in
-    ``tmp_dir`` (same file system, so the rename is atomic) named by host and pid of the writer."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir.mkdir(exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=_temp_prefix(), suffix=".part")
-    try:
-        os.fchmod(fd, 0o644)  # readable by other users' readers, like the catalogue (mkstemp: 0600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _clean_temps(tmp_dir: Path) -> None:
