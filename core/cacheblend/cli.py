@@ -297,7 +297,7 @@ def cmd_bench(args) -> int:
     started = time.perf_counter()
     rows = bench.run(engine, examples, ratios=ratios, repeats=args.repeats, answer_tokens=args.answer_tokens,
                      baseline=baseline)
-    n_tokens = len(engine.token_ids(chunks=examples[0].passages, query=examples[0].question))
+    n_tokens = len(engine.request(chunks=examples[0].passages, query=examples[0].question).ids)
     title = f"{title}: {len(examples)} prompts of {args.chunks} chunks (~{n_tokens} tokens), {engine.name}, {engine.adapter.device}"
     rates = bench.throughput(engine, examples, rows)
     meta = {**_run_meta(engine.name, load_start), "args": vars(args) | {"func": None},

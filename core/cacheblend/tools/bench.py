@@ -138,7 +138,7 @@ def run(
         results[name].full_layers = engine.adapter.num_layers if cfg is None else min(cfg.schedule())
     results["prefix caching"].full_layers = 0
     first = examples[0]
-    first_text = engine.prompt_text(chunks=first.passages, query=first.question, prefix=QA_PREFIX)
+    first_text = engine.request(chunks=first.passages, query=first.question, prefix=QA_PREFIX).text
     prefix = PrefixCache(engine, engine.token_ids(first_text.text[: first_text.chunks[0].start]))
     for i, ex in enumerate(examples):
         req = dict(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX)
@@ -176,7 +176,7 @@ def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict])
     scratch.warm(passages, progress=False)
     elapsed = time.perf_counter() - started
     warm = sum(len(scratch.encode_chunk(p).ids) for p in passages) / elapsed
-    n = len(engine.token_ids(chunks=passages, query=examples[0].question, prefix=QA_PREFIX))
+    n = len(engine.request(chunks=passages, query=examples[0].question, prefix=QA_PREFIX).ids)
     full = n / _row(rows, "full prefill")["ttft_s"]
     return {"warming_tokens_per_s": warm, "warming_computed_tokens_per_s": scratch.tokens_warmed / elapsed,
             "full_prefill_tokens_per_s": full, "neighbours": engine.neighbours}
@@ -187,7 +187,7 @@ def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) ->
     records the median TTFT and load time; returns the last prefill."""
     ttfts, loads = [], []
     for _ in range(repeats):
-        if engine is not None and engine.stores.disks:
+        if engine is not None and any(not t.shared for t in engine.stores.attached):  # a local store is attached
             engine.stores.memory = MemoryStore(engine.stores.memory.max_bytes)
         started = time.perf_counter()
         pre = make()
