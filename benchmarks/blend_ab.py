@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     record = RunRecord.start(args)
     engine = BlendEngine.from_pretrained(args.model)
     blend_path = "core/cacheblend/blending/blend.py"
-    old_blend = load_at(args.ref, blend_path, "ab_old_blend", "cacheblend.blending", ("feed", "rope"))
+    old_blend = load_at(args.ref, blend_path, "ab_old_blend", "cacheblend.blending", ("feed", "rope", "rows"))
     old_adapter = load_at(args.ref, "core/cacheblend/models/adapter.py", "ab_old_adapter", "cacheblend.models")
     sides = {
         "new": (engine.adapter, engine_mod.blend_prefill),

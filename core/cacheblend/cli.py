@@ -1,10 +1,6 @@
-"""The ``cacheblend`` command: demo, warm, ask, bench.
-
-    cacheblend demo                      index the pydoc corpus, warm its KV, answer questions
-    cacheblend warm DOCS --dir IDX       a folder of .txt/.md files or a .jsonl ({"text": ...}) into IDX
-    cacheblend ask "question" --dir IDX  retrieve from IDX, answer with blending (--compare: vs full prefill)
-    cacheblend bench [--dataset musique.json]
-    cacheblend serve                     an OpenAI-compatible server (bundled model, 127.0.0.1:8000)
+"""The ``cacheblend`` command's entry point and the demo, warm, ask and bench commands
+(``cacheblend --help``; every command's arguments are in cliargs.py, serve's runner in
+serving/command.py).
 """
 
 from __future__ import annotations
@@ -17,16 +13,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from .cliargs import DEMO_QUESTIONS, demo_dir, parser
+from .serving.command import cmd_serve
 
-DEMO_QUESTIONS = [
-    "How does the with statement use __enter__ and __exit__?",
-    "What happens to an exception raised inside the body of a with statement?",
-    "When are default parameter values of a function evaluated?",
-    "What does a yield expression do inside a generator function?",
-    "How does the for statement iterate over a sequence or iterator?",
-    "How does a try statement with a finally clause behave?",
-]
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,90 +29,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cacheblend", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = p.add_subparsers(required=True, metavar="COMMAND")
-
-    def common(sp, demo=False):
-        model_arg(sp)
-        sp.add_argument("--device", default="auto")
-        sp.add_argument("--dir", required=not demo, help=f"index directory{DEMO_DIR_HELP if demo else ''}")
-        sp.add_argument("--max-tokens", type=int, default=512, help="passage size when splitting documents")
-        neighbours_arg(sp)
-
-    d = sub.add_parser("demo", help="index the pydoc corpus, warm its KV, answer questions")
-    common(d, demo=True)
-    d.add_argument("--top-k", type=int, default=6)
-    d.add_argument("--ratio", type=float, default=None)
-    d.add_argument("--questions", type=int, default=len(DEMO_QUESTIONS))
-    d.add_argument("--run-file", default=None, metavar="JSON",
-                   help="also write the run's timings as JSON: model load, embedding, warming, each answer's TTFT")
-    d.set_defaults(func=cmd_demo)
-
-    w = sub.add_parser("warm", help="index documents and warm their KV into the directory's store")
-    w.add_argument("source", help="a folder of .txt/.md files, or a .jsonl file with a 'text' field")
-    common(w)
-    w.set_defaults(func=cmd_warm)
-
-    a = sub.add_parser("ask", help="answer a question over an index with blending")
-    a.add_argument("question")
-    common(a)
-    a.add_argument("--top-k", type=int, default=6)
-    a.add_argument("--ratio", type=float, default=None)
-    a.add_argument("--max-new-tokens", type=int, default=128)
-    a.add_argument("--compare", action="store_true", help="also run a full prefill and compare")
-    a.set_defaults(func=cmd_ask)
-
-    b = sub.add_parser("bench", help="TTFT and quality: full prefill, prefix caching, full reuse, CacheBlend")
-    model_arg(b)
-    b.add_argument("--device", default="auto")
-    b.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default: the device's)")
-    b.add_argument("--dataset", help="a MuSiQue-format JSON (default: prompts over the pydoc corpus)")
-    b.add_argument("--prompts", type=int, default=12, help="number of prompts (MuSiQue: first N examples)")
-    b.add_argument("--start", type=int, default=0, help="first example (MuSiQue)")
-    b.add_argument("--chunks", type=int, default=6)
-    b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--ratios", default="0.05,0.15,0.30")
-    b.add_argument("--answer-tokens", type=int, default=32, help="greedy answer length for the quality columns")
-    b.add_argument("--out", default="bench_out")
-    b.add_argument("--store", default=None, help="KV store directory (default: OUT/store)")
-    neighbours_arg(b)
-    b.set_defaults(func=cmd_bench)
-
-    from .serving.command import add_serve_parser
-
-    add_serve_parser(sub)
-    return p
-
-
-DEMO_DIR_HELP = " (default .cacheblend/demo; another model: .cacheblend/demo-MODEL)"
-
-
-def demo_dir(model: str) -> Path:
-    """The demo's index for ``model``: passages are split by its tokenizer, so one index per model."""
-    from .models.catalog import DEFAULT
-
-    if model == DEFAULT:
-        return Path(".cacheblend/demo")
-    return Path(".cacheblend") / ("demo-" + "".join(c if c.isalnum() or c in ".-" else "_" for c in model))
-
-
-def model_arg(sp) -> None:
-    """``--model``: a catalogue alias (installed from PyPI, converted once), a HF id/folder or a .gguf."""
-    from .models.catalog import DEFAULT as default
-    from .models.catalog import MODELS
-
-    sp.add_argument("--model", default=default,
-                    help=f"{', '.join(MODELS)} (installed by make; converted once on first use), or a "
-                         f"HF id/folder, or a .gguf file (default {default})")
-
-
-def neighbours_arg(sp) -> None:
-    """``--neighbours K``: how many similar passages each chunk is warmed behind (BlendConfig.neighbours)."""
-    from .config import BlendConfig
-
-    default = BlendConfig().neighbours
-    sp.add_argument("--neighbours", type=int, default=default,
-                    help=f"warm each chunk behind its K most similar passages (default {default}; 0: alone)")
+    """cliargs.py's parser, each subcommand run by its function here (serve: serving/command.py)."""
+    return parser({"demo": cmd_demo, "warm": cmd_warm, "ask": cmd_ask, "bench": cmd_bench, "serve": cmd_serve})
 
 
 def _engine(args, store_dir):
@@ -295,8 +203,8 @@ def cmd_bench(args) -> int:
         baseline.warm(texts, store_dir=store, progress=True)
     ratios = tuple(float(x) for x in args.ratios.split(","))
     started = time.perf_counter()
-    rows = bench.run(engine, examples, ratios=ratios, repeats=args.repeats, answer_tokens=args.answer_tokens,
-                     baseline=baseline)
+    options = bench.BenchOptions(ratios=ratios, repeats=args.repeats, answer_tokens=args.answer_tokens)
+    rows = bench.run(engine, examples, options=options, baseline=baseline)
     n_tokens = len(engine.request(chunks=examples[0].passages, query=examples[0].question).ids)
     title = f"{title}: {len(examples)} prompts of {args.chunks} chunks (~{n_tokens} tokens), {engine.name}, {engine.adapter.device}"
     rates = bench.throughput(engine, examples, rows)

@@ -10,6 +10,7 @@ import pytest
 from live_server import TINY, health, metric, running, wait_for
 
 from cacheblend.generation.decode import Sampling
+from cacheblend.serving.app import SchedulerLimits
 from cacheblend.serving.scheduler import Job, Scheduler
 
 CLIENTS, PER_CLIENT = 8, 4
@@ -62,7 +63,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(tiny_url):
 def test_a_full_queue_answers_429_with_retry_after(tiny_engine):
     """One slot, one queue place: a running stream holds the slot, a second request waits in the
     queue, a third is refused; when the stream's client leaves, the waiting request is served."""
-    with running(tiny_engine, model_names=[TINY], max_batch=1, max_queue=1) as url:
+    with running(tiny_engine, model_names=[TINY], limits=SchedulerLimits(max_batch=1, max_queue=1)) as url:
         stream = _long_stream(url)
         next(iter(stream))
         waiting = {}

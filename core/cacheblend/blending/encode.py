@@ -76,5 +76,5 @@ def encode_chunks(
         if layer + 1 < model.num_layers:  # the last layer's output is not needed
             cos, sin = tables.layer(layer)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            h = model.finish(layer, h, model.attend(layer, q, k, v, pos, pos, key_valid))
+            h = model.finish(layer, h, model.attend(layer, q, k, v, pos, key_valid))
     return torch.stack(out, dim=1)

@@ -64,7 +64,7 @@ def attend_rows(model: ModelAdapter, layer: int, q: torch.Tensor, k: torch.Tenso
     masks the plan built once. With every row active this is one kernel call, as a full prefill
     runs it. Returns [1, n, H*d]."""
     if plan.causal:
-        return model.attend(layer, q, k, v, plan.q_pos, plan.q_pos)
+        return model.attend(layer, q, k, v, plan.q_pos)
     window = model.window(layer)
     parts = [
         model.attend_block(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], mask)  # [1, b-a, H, d]; slices, no gather

@@ -99,20 +99,21 @@ class ModelAdapter:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        q_pos: torch.Tensor,
-        k_pos: torch.Tensor,
+        pos: torch.Tensor,
         key_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention with an exact causal mask by position (and the layer's sliding window).
+        """Attention of a block of rows over their own keys, with an exact causal mask by position
+        (and the layer's sliding window).
 
-        q [B,H,n,d] at q_pos [n] (already rotated); k, v [B,Hkv,N,d] at k_pos [N];
-        key_valid [B, N] marks real (non-padding) keys. Returns [B, n, H*d].
+        q [B,H,n,d] (already rotated) and k, v [B,Hkv,n,d] at the same positions ``pos`` [n];
+        key_valid [B, n] marks real (non-padding) keys. Returns [B, n, H*d]. (Rows over other
+        keys: ``attend_block``, ``attend_step``.)
         """
         window = self._windows[layer]
         if key_valid is None and window is None and q.shape[2] == k.shape[2]:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
         else:
-            out = self._masked(q, k, v, q_pos, k_pos, window, key_valid)
+            out = self._masked(q, k, v, pos, pos, window, key_valid)
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
     def window(self, layer: int) -> int | None:

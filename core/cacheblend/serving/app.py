@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +34,29 @@ class _ClientGone(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """How much work the model thread's scheduler takes on (``Scheduler``'s arguments of the same
+    names; each at least 1)."""
+
+    max_batch: int = 8  # sequences decoded together
+    max_queue: int = 64  # waiting requests before 429
+    max_prefill_tokens: int = 4096  # tokens the prefills between two decode steps may compute
+
+
 def create_app(
     engine: Any,
     *,
     store_dir: str | Path | None = None,
     api_key: str | None = None,
     model_names: list[str] | None = None,
-    max_batch: int = 8,
-    max_queue: int = 64,
-    max_prefill_tokens: int = 4096,
+    limits: SchedulerLimits = SchedulerLimits(),
 ) -> FastAPI:
     """An app serving ``engine``; ``store_dir``: where /v1/documents warms to (the attached disk store)."""
     metrics = Metrics()
     scheduler = Scheduler(
-        engine, max_batch=max_batch, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens, metrics=metrics
+        engine, max_batch=limits.max_batch, max_queue=limits.max_queue, max_prefill_tokens=limits.max_prefill_tokens,
+        metrics=metrics,
     )
     service = _Service(engine, scheduler, metrics, list(model_names or [engine.name]), api_key, store_dir)
 

@@ -120,18 +120,27 @@ class PrefixCache:
         return Prefilled(self.engine.adapter, ids_t, out, stats)
 
 
+@dataclass(frozen=True)
+class BenchOptions:
+    """What ``run`` measures: CacheBlend at each recompute ratio of ``ratios``, each TTFT the median
+    of ``repeats`` runs, the quality columns over greedy answers of ``answer_tokens`` tokens."""
+
+    ratios: tuple[float, ...] = (0.05, 0.15, 0.30)
+    repeats: int = 3
+    answer_tokens: int = 32
+
+
 def run(
     engine: BlendEngine,
     examples: list[QAExample],
     *,
-    ratios: tuple[float, ...] = (0.05, 0.15, 0.30),
-    repeats: int = 3,
-    answer_tokens: int = 32,
+    options: BenchOptions = BenchOptions(),
     baseline: BlendEngine | None = None,
     log=print,
 ) -> list[dict]:
     """Runs every method on every example; returns one summary row per method."""
-    table = methods(engine, ratios, baseline)
+    repeats, answer_tokens = options.repeats, options.answer_tokens
+    table = methods(engine, options.ratios, baseline)
     results = {name: MethodResult(name, None if cfg is None else cfg.recompute_ratio) for name, (cfg, _) in table.items()}
     results["full prefill"].ratio = 1.0
     for name, (cfg, _) in table.items():

@@ -1,0 +1,161 @@
+"""Every argument of the ``cacheblend`` command: the top-level parser, each subcommand's arguments
+(``SUBCOMMANDS``) and the helpers they share (``model_arg``, ``neighbours_arg``).
+
+It imports none of the commands' code: ``parser`` is handed the function that runs each
+subcommand (cli.py: demo, warm, ask, bench; serving/command.py: serve). A new command is an entry
+in ``SUBCOMMANDS`` here and its function in cli.py's ``_parser``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from .serving.command import DEFAULT_STORE
+
+DESCRIPTION = """The ``cacheblend`` command: demo, warm, ask, bench.
+
+    cacheblend demo                      index the pydoc corpus, warm its KV, answer questions
+    cacheblend warm DOCS --dir IDX       a folder of .txt/.md files or a .jsonl ({"text": ...}) into IDX
+    cacheblend ask "question" --dir IDX  retrieve from IDX, answer with blending (--compare: vs full prefill)
+    cacheblend bench [--dataset musique.json]
+    cacheblend serve                     an OpenAI-compatible server (bundled model, 127.0.0.1:8000)
+"""
+
+# What ``cacheblend demo`` asks (``--questions N``: the first N).
+DEMO_QUESTIONS = [
+    "How does the with statement use __enter__ and __exit__?",
+    "What happens to an exception raised inside the body of a with statement?",
+    "When are default parameter values of a function evaluated?",
+    "What does a yield expression do inside a generator function?",
+    "How does the for statement iterate over a sequence or iterator?",
+    "How does a try statement with a finally clause behave?",
+]
+
+DEMO_DIR_HELP = " (default .cacheblend/demo; another model: .cacheblend/demo-MODEL)"
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def parser(commands: Mapping[str, Command]) -> argparse.ArgumentParser:
+    """The ``cacheblend`` parser; ``commands``: each subcommand's name -> the function that runs it
+    (``args.func`` after parsing)."""
+    if set(commands) != set(SUBCOMMANDS):
+        raise TypeError(f"commands {sorted(commands)} do not match the subcommands {sorted(SUBCOMMANDS)}")
+    p = argparse.ArgumentParser(prog="cacheblend", description=DESCRIPTION,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+    for name, (summary, add_arguments) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=summary)
+        add_arguments(sp)
+        sp.set_defaults(func=commands[name])
+    return p
+
+
+def demo_dir(model: str) -> Path:
+    """The demo's index for ``model`` (``demo --dir``'s default): passages are split by its
+    tokenizer, so one index per model."""
+    from .models.catalog import DEFAULT
+
+    if model == DEFAULT:
+        return Path(".cacheblend/demo")
+    return Path(".cacheblend") / ("demo-" + "".join(c if c.isalnum() or c in ".-" else "_" for c in model))
+
+
+def model_arg(sp) -> None:
+    """``--model``: a catalogue alias (installed from PyPI, converted once), a HF id/folder or a .gguf."""
+    from .models.catalog import DEFAULT as default
+    from .models.catalog import MODELS
+
+    sp.add_argument("--model", default=default,
+                    help=f"{', '.join(MODELS)} (installed by make; converted once on first use), or a "
+                         f"HF id/folder, or a .gguf file (default {default})")
+
+
+def neighbours_arg(sp) -> None:
+    """``--neighbours K``: how many similar passages each chunk is warmed behind (BlendConfig.neighbours)."""
+    from .config import BlendConfig
+
+    default = BlendConfig().neighbours
+    sp.add_argument("--neighbours", type=int, default=default,
+                    help=f"warm each chunk behind its K most similar passages (default {default}; 0: alone)")
+
+
+def _index_args(sp, demo: bool = False) -> None:
+    """What demo, warm and ask share: the model, and the index directory and how it is built."""
+    model_arg(sp)
+    sp.add_argument("--device", default="auto")
+    sp.add_argument("--dir", required=not demo, help=f"index directory{DEMO_DIR_HELP if demo else ''}")
+    sp.add_argument("--max-tokens", type=int, default=512, help="passage size when splitting documents")
+    neighbours_arg(sp)
+
+
+def _demo(d) -> None:
+    _index_args(d, demo=True)
+    d.add_argument("--top-k", type=int, default=6)
+    d.add_argument("--ratio", type=float, default=None)
+    d.add_argument("--questions", type=int, default=len(DEMO_QUESTIONS))
+    d.add_argument("--run-file", default=None, metavar="JSON",
+                   help="also write the run's timings as JSON: model load, embedding, warming, each answer's TTFT")
+
+
+def _warm(w) -> None:
+    w.add_argument("source", help="a folder of .txt/.md files, or a .jsonl file with a 'text' field")
+    _index_args(w)
+
+
+def _ask(a) -> None:
+    a.add_argument("question")
+    _index_args(a)
+    a.add_argument("--top-k", type=int, default=6)
+    a.add_argument("--ratio", type=float, default=None)
+    a.add_argument("--max-new-tokens", type=int, default=128)
+    a.add_argument("--compare", action="store_true", help="also run a full prefill and compare")
+
+
+def _bench(b) -> None:
+    model_arg(b)
+    b.add_argument("--device", default="auto")
+    b.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default: the device's)")
+    b.add_argument("--dataset", help="a MuSiQue-format JSON (default: prompts over the pydoc corpus)")
+    b.add_argument("--prompts", type=int, default=12, help="number of prompts (MuSiQue: first N examples)")
+    b.add_argument("--start", type=int, default=0, help="first example (MuSiQue)")
+    b.add_argument("--chunks", type=int, default=6)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--ratios", default="0.05,0.15,0.30")
+    b.add_argument("--answer-tokens", type=int, default=32, help="greedy answer length for the quality columns")
+    b.add_argument("--out", default="bench_out")
+    b.add_argument("--store", default=None, help="KV store directory (default: OUT/store)")
+    neighbours_arg(b)
+
+
+def _serve(s) -> None:
+    model_arg(s)
+    s.add_argument("--device", default="auto")
+    s.add_argument("--store", default=str(DEFAULT_STORE),
+                   help=f"KV store: a directory (disk), a Redis URL (redis://host:port/db, shared by every "
+                        f"replica attached to it), or 'none' for memory only (default {DEFAULT_STORE})")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=os.environ.get("CACHEBLEND_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default $CACHEBLEND_API_KEY)")
+    s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    s.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
+    s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    s.add_argument("--max-prefill-tokens", type=int, default=4096,
+                   help="tokens the prefills between two decode steps may compute (at least one request "
+                        "is admitted); waiting requests are admitted until it is spent (default 4096)")
+    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    neighbours_arg(s)
+
+
+# name -> (its line in ``cacheblend --help``, what adds its arguments), in the order --help lists them
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "demo": ("index the pydoc corpus, warm its KV, answer questions", _demo),
+    "warm": ("index documents and warm their KV into the directory's store", _warm),
+    "ask": ("answer a question over an index with blending", _ask),
+    "bench": ("TTFT and quality: full prefill, prefix caching, full reuse, CacheBlend", _bench),
+    "serve": ("an OpenAI-compatible server with blending and continuous batching", _serve),
+}
