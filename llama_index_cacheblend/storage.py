@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cacheblend
-from cacheblend.integrations import KV_DIR, kv_store_dir, warm_texts
+from cacheblend.integrations import KV_DIR, kv_store_dir, warm_fitting
 from llama_index.core import StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.indices.base import BaseIndex
 
@@ -60,7 +60,7 @@ def persist_index(
     engine = engine or cacheblend.shared_engine()
     persist_dir = Path(persist_dir)
     index.storage_context.persist(persist_dir=str(persist_dir))
-    warm_texts(engine, llm_texts(index.docstore.docs.values()), store_dir=kv_store_dir(persist_dir), progress=progress)
+    warm_fitting(engine, llm_texts(index.docstore.docs.values()), store_dir=kv_store_dir(persist_dir), progress=progress)
     return kv_store_dir(persist_dir)
 
 

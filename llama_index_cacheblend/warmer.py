@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cacheblend
-from cacheblend.integrations import warm_texts
+from cacheblend.integrations import warm_fitting
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
@@ -128,9 +128,9 @@ class KVCacheWarmer(TransformComponent):
     def warm(self, nodes: Sequence[BaseNode]) -> list[str]:
         """Warms ``nodes`` (e.g. nodes given to ``index.insert_nodes``); returns the chunk keys of
         those warmed. Short texts are skipped, and over-long ones with a warning (never the batch):
-        see ``cacheblend.integrations.warm_texts``."""
+        see ``cacheblend.integrations.warm_fitting``."""
         texts = llm_texts(nodes, strict=self.strict)
-        return warm_texts(
+        return warm_fitting(
             self._engine, texts, store_dir=self.store_dir, batch_size=self.batch_size, progress=self.show_progress
         )
 

@@ -14,7 +14,7 @@ from llama_index.core.llms import MockLLM
 from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PROMPT_SEL
 
 from cacheblend.blending.blend import budget_for
-from cacheblend.integrations import warm_texts
+from cacheblend.integrations import warm_fitting
 from llama_index_cacheblend import (
     CacheBlendLLM,
     DroppedNodesWarning,
@@ -46,7 +46,7 @@ def blend_engine(fresh_real_engine, persisted):
     """A fresh engine with the KV of every node of the persisted index, warmed in one call."""
     index, _ = persisted
     engine = fresh_real_engine()
-    warm_texts(engine, llm_texts(index.docstore.docs.values()))
+    warm_fitting(engine, llm_texts(index.docstore.docs.values()))
     return engine
 
 

@@ -5,7 +5,7 @@ besides ``cacheblend``'s own public names).
 - ``Usage``: BlendStats as token usage (OpenAI's shape via ``.openai()``; cached tokens).
 - ``iterate_in_thread``: the async bridge from a blocking engine stream to an event loop.
 - ``SentenceEncoder`` / ``bundled_embedding_path``: offline sentence embeddings.
-- ``warm_texts`` / ``warmable`` / ``MIN_CHARS`` / ``ChunkTooLongWarning``: how an index warms
+- ``warm_fitting`` / ``warmable`` / ``MIN_CHARS`` / ``ChunkTooLongWarning``: how an index warms
   what it adds (short texts skipped, over-long ones skipped with a warning, never a lost batch).
 - ``KV_DIR`` / ``kv_store_dir`` / ``unstored_texts`` / ``write_json`` / ``read_json``: the KV
   store beside a persisted index.
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .persistence import KV_DIR, kv_store_dir, read_json, unstored_texts, write_json
     from .threads import iterate_in_thread
     from .usage import Usage
-    from .warming import MIN_CHARS, ChunkTooLongWarning, warm_texts, warmable
+    from .warming import MIN_CHARS, ChunkTooLongWarning, warm_fitting, warmable
 
 _EXPORTS = {
     "ChunkTooLongWarning": "warming",
@@ -40,7 +40,7 @@ _EXPORTS = {
     "kv_store_dir": "persistence",
     "read_json": "persistence",
     "unstored_texts": "persistence",
-    "warm_texts": "warming",
+    "warm_fitting": "warming",
     "warmable": "warming",
     "write_json": "persistence",
 }

@@ -2,7 +2,7 @@
 
 An index adds whatever its splitter produced, and one bad chunk must not lose the whole batch
 (``BlendEngine.warm`` validates every text first and refuses a batch with one it cannot take).
-So both integrations warm through ``warm_texts``:
+So both integrations warm through ``warm_fitting``:
 
 - Blank and short texts (under ``MIN_CHARS`` characters) are skipped silently. They are a few
   tokens (nothing to save), and the engine finds warmed texts wherever they stand in a prompt as
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..engine import BlendEngine
     from ..stores import ChunkKey
 
-__all__ = ["MIN_CHARS", "ChunkTooLongWarning", "warm_texts", "warmable"]
+__all__ = ["MIN_CHARS", "ChunkTooLongWarning", "warm_fitting", "warmable"]
 
 
 class ChunkTooLongWarning(UserWarning):
@@ -38,7 +38,7 @@ def warmable(texts: Iterable[str]) -> list[str]:
     return [t for t in texts if isinstance(t, str) and len(t.strip()) >= MIN_CHARS]
 
 
-def warm_texts(
+def warm_fitting(
     engine: BlendEngine,
     texts: Iterable[str],
     *,
