@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-SELECTORS = ("deviation", "query", "query+deviation", "random", "chunk_start", "none", "all")
+SELECTORS = ("deviation", "query", "query+deviation", "question", "random", "chunk_start", "none", "all")
+QUESTION_LAYERS = ("all", "last_third", "last")
+QUESTION_HEADS = ("mean", "max")
 MEASURES = ("k", "v", "kv")
 CHUNK_CONTEXTS = ("none", "bos", "system")
 KV_DTYPES = ("float16", "bfloat16", "float32", "int8", "int4")
@@ -36,7 +38,11 @@ class BlendConfig:
         selector: which tokens to recompute: ``deviation`` (CacheBlend: fresh vs cached KV),
             ``query`` (the tokens the question attends to most at the check layer),
             ``query+deviation`` (both, by weighted rank), ``random`` (ablation), ``chunk_start``
-            (EPIC-style, the first tokens of each chunk), ``none`` or ``all``.
+            (EPIC-style, the first tokens of each chunk), ``none`` or ``all``; ``question``
+            (ProphetKV-style, two stages: a full-reuse pass over every layer scores each reused token
+            by the attention the question's rows pay it, then the top ``recompute_ratio`` share is
+            recomputed from layer 0; ``check_layers`` play no part, only the last ratio does; see
+            ``blending.selection.QuestionSelector`` and docs/QUESTION-SELECTOR.md).
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
@@ -65,7 +71,14 @@ class BlendConfig:
         sinks: the first ``sinks`` tokens of every chunk are recomputed before any other (EPIC's
             attention sinks), with ``deviation``, ``query`` and ``query+deviation``.
         fresh_check: keep the fresh K/V of every row at a check layer (they are computed there
-            anyway), not only of the selected rows.
+            anyway), not only of the selected rows. No effect with ``question``.
+        question_layers: which layers' question attention the ``question`` selector fuses: ``all``,
+            ``last_third`` (the last ceil(L/3) layers) or ``last`` (the last layer alone).
+        question_heads: how it fuses the heads of a layer: ``mean`` or ``max`` of the attention mass
+            each head's question rows pay a token.
+        question_per_chunk: divide each token's fused score by its chunk's total, so every chunk
+            holds the same score mass (the budget then goes where attention is peaked within a
+            chunk rather than to the chunks the question reads most).
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -80,6 +93,9 @@ class BlendConfig:
     query_weight: float = 0.5
     sinks: int = 0
     fresh_check: bool = False
+    question_layers: str = "all"
+    question_heads: str = "mean"
+    question_per_chunk: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))
@@ -108,6 +124,10 @@ class BlendConfig:
         if not isinstance(self.neighbours, int) or isinstance(self.neighbours, bool) or not 0 <= self.neighbours <= MAX_NEIGHBOURS:
             raise ValueError(f"neighbours must be an integer in [0, {MAX_NEIGHBOURS}], got {self.neighbours!r}")
         _check_choice("measure", self.measure, MEASURES)
+        _check_choice("question_layers", self.question_layers, QUESTION_LAYERS)
+        _check_choice("question_heads", self.question_heads, QUESTION_HEADS)
+        if not isinstance(self.question_per_chunk, bool):
+            raise ValueError(f"question_per_chunk must be True or False, got {self.question_per_chunk!r}")
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
 

@@ -15,11 +15,18 @@ For a prompt whose tokens are partly covered by cached chunk KV (keys stored bef
 
 With ratio 1.0 every token stays active and the result is a full prefill; with ratio 0.0 only
 uncached tokens are recomputed (full reuse).
+
+A two-stage selector (``two_stage``: ``QuestionSelector``) changes the order. Stage 1 is the
+full-reuse pass (ratio 0.0 from layer 0: no layer-0 prelude over every token) that at each layer
+also scores the attention the question's rows pay every prompt key; stage 2 starts again at
+layer 0 and runs step 3 from there, over stage 1's caches (the cached K/V realigned), with the rows
+the selector picks by the fused score. Check layers play no part; the schedule's last ratio is
+the recompute ratio.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +34,7 @@ from ..models.adapter import ModelAdapter
 from .feed import LayerFeed
 from .rope import RopeTables, apply_rope, realign
 from .rows import RowPlan, attend_rows
-from .selection import Candidates, Selector
+from .selection import Candidates, NoneSelector, Selector, chunk_ids
 
 
 @dataclass
@@ -50,12 +57,21 @@ class BlendInput:
 @dataclass
 class BlendOutput:
     """kv: per layer (K after RoPE [1,Hkv,N,d], V [1,Hkv,N,d]); logits: [vocab] of the last token;
-    recomputed: tokens computed through the last layer; active_per_layer: rows computed per layer."""
+    recomputed: tokens computed through the last layer; active_per_layer: rows computed per layer.
+
+    A two-stage blend also reports its first stage (zeros and [] otherwise): first_stage_rows, the
+    rows stage 1 computed through the last layer (the uncached rows and the last row);
+    first_stage_per_layer, its rows per layer; question_rows, the rows whose attention over all N
+    keys it scored at each of question_layers (the layers the selector fuses)."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     logits: torch.Tensor
     recomputed: int
     active_per_layer: list[int]
+    first_stage_rows: int = 0
+    first_stage_per_layer: list[int] = field(default_factory=list)
+    question_rows: int = 0
+    question_layers: list[int] = field(default_factory=list)
 
 
 def budget_for(ratio: float, num_reused: int) -> int:
@@ -76,15 +92,39 @@ def blend_prefill(
     ``fresh_check``: at a check layer every row still active has fresh K/V already (they were
     computed to compare them with the cache), so keep them all for that layer's attention and
     cache instead of falling back to the cached K/V of the rows the selector drops.
+
+    A selector with ``two_stage`` set (``QuestionSelector``) runs the two-stage blend instead (the
+    module docstring, ``_two_stage``): ``schedule``'s last ratio is its recompute ratio, its check
+    layers and ``fresh_check`` play no part.
     """
+    if getattr(selector, "two_stage", False):
+        return _two_stage(model, inp, selector, schedule)
+    return _blend(model, inp, selector, schedule, fresh_check)
+
+
+def _blend(
+    model: ModelAdapter,
+    inp: BlendInput,
+    selector: Selector,
+    schedule: dict[int, float],
+    fresh_check: bool = False,
+    observe: _Asked | None = None,
+    base: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    question_score: torch.Tensor | None = None,
+) -> BlendOutput:
+    """The one-pass blend of ``blend_prefill``, with what the two-stage blend adds: ``observe``
+    (layer, q, keys, rows), called at every layer with the rotated queries [1,H,n,d] of the rows
+    computed and the layer's keys [1,Hkv,N,d]; ``base``, per layer the K and V [Hkv,N,d] of an
+    earlier pass to start the layer's cache from (written in place) instead of realigning the
+    cached K/V; ``question_score`` [N], handed to the selector as ``Candidates.question_score``."""
     n = inp.ids.shape[0]
     pos = torch.arange(n, device=inp.ids.device)  # [N]
     tables = RopeTables.at(model, pos)  # per rotary geometry: cos, sin [N, d]
-    check = _Check.of(inp, selector)
+    check = _Check.of(inp, selector, question_score)
     if inp.cached is None or check.num_reused == 0:
         schedule = {}
     first_check = min(schedule, default=model.num_layers)
-    feed = LayerFeed(inp.cached, inp.ids.device, first_check) if schedule else None  # copies start now
+    feed = LayerFeed(inp.cached, inp.ids.device, first_check) if schedule and base is None else None  # copies start now
     rows = _Rows.at(pos, tables)
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -96,8 +136,12 @@ def blend_prefill(
         if layer < first_check:
             keys, values = apply_rope(k, cos, sin), v  # [1,Hkv,N,d]: full prefill, every row fresh
         else:
-            cached = feed.layer(layer)  # [2,Hkv,N,d] store dtype, keys before RoPE; read-only
-            layer_kv = realign(cached, cos, sin, k.dtype)  # [2,Hkv,N,d]: this layer's decode cache
+            if base is None:
+                cached = feed.layer(layer)  # [2,Hkv,N,d] store dtype, keys before RoPE; read-only
+                layer_kv = realign(cached, cos, sin, k.dtype)  # [2,Hkv,N,d]: this layer's decode cache
+            else:  # an earlier pass's cache: the cached K/V realigned, that pass's rows written
+                layer_kv = base[layer]  # (K [Hkv,N,d], V [Hkv,N,d])
+                cached = inp.cached[layer].to(inp.ids.device) if layer in schedule else None
             if layer in schedule:
                 here = _CheckLayer(model, layer, x, k, v, cached, layer_kv)
                 pick = check.pick(here, rows, budget_for(schedule[layer], check.num_reused))  # into active
@@ -108,11 +152,80 @@ def blend_prefill(
             _write(layer_kv, k, v, rows, layer)
             keys, values = layer_kv[0][None], layer_kv[1][None]  # [1,Hkv,N,d]
         q = apply_rope(model.q(layer, x), *rows.rope.layer(layer))  # [1,H,n,d], only the rows kept
+        if observe is not None:
+            observe(layer, q, keys, rows)
         h = model.finish(layer, h, attend_rows(model, layer, q, keys, values, rows.plan))
         kv.append((keys, values))
         active_per_layer.append(rows.active.shape[0])
     logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
     return BlendOutput(kv=kv, logits=logits, recomputed=active_per_layer[-1], active_per_layer=active_per_layer)
+
+
+def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float]) -> BlendOutput:
+    """Stage 1: the full-reuse pass (the uncached rows and the last row, from layer 0, over the
+    realigned cached K/V), scoring the question rows' attention at the selector's layers. Stage 2:
+    from layer 0 again, over stage 1's caches, the uncached rows, the last row and the selector's
+    ``budget_for(ratio, reused)`` reused tokens by the fused score, at every layer. At a budget of
+    0 stage 1 is the whole blend (nothing is scored): exactly the ratio-0.0 blend."""
+    num_reused = int(inp.reused.sum())
+    if inp.cached is None or num_reused == 0 or not schedule:
+        return _blend(model, inp, selector, {})  # nothing to reuse: a full prefill
+    ratio = schedule[max(schedule)]  # the last check layer's: the recompute ratio
+    if budget_for(ratio, num_reused) == 0:
+        return _blend(model, inp, NoneSelector(), {0: 0.0})  # full reuse
+    asked = _Asked(model, _Check.of(inp, selector), selector)
+    first = _blend(model, inp, NoneSelector(), {0: 0.0}, observe=asked)
+    score = _fuser(selector).fuse(torch.stack(asked.per_layer), chunk_ids(inp.reused, inp.chunk_offsets))  # [N]
+    base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
+    out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score)
+    out.first_stage_rows = first.recomputed
+    out.first_stage_per_layer = first.active_per_layer
+    out.question_rows = asked.rows
+    out.question_layers = asked.layers
+    return out
+
+
+def _fuser(selector: Selector):
+    """What fuses a two-stage selector's score: the selector, or the inner one of a ``SinkSelector``."""
+    return getattr(selector, "inner", selector)
+
+
+class _Asked:
+    """Stage 1's observer: at each layer the selector fuses, the attention the question rows pay
+    every prompt key, summed over those rows and reduced over heads by the selector (fp32, [N])."""
+
+    def __init__(self, model: ModelAdapter, check: _Check, selector: Selector) -> None:
+        self.model, self.check, self.fuser = model, check, _fuser(selector)
+        self.wanted = set(self.fuser.layer_set(model.num_layers))
+        self.per_layer: list[torch.Tensor] = []  # [N] per fused layer
+        self.layers: list[int] = []
+        self.rows = 0
+
+    def __call__(self, layer: int, q: torch.Tensor, keys: torch.Tensor, rows: _Rows) -> None:
+        if layer not in self.wanted:
+            return
+        mine = self.check.asking[rows.active]  # [n] bool: the question rows (stage 1 computes them all)
+        mass = question_mass(self.model, layer, q[0][:, mine], keys[0], rows.active[mine])  # [H, N]
+        self.per_layer.append(self.fuser.reduce_heads(mass))
+        self.layers.append(layer)
+        self.rows = int(mine.sum())
+
+
+def question_mass(model: ModelAdapter, layer: int, q: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+    """The attention mass [H, N] fp32 the m rows at ``q_pos`` [m] pay each of the N keys, summed
+    over the rows: a softmax over the keys each row sees (causal by position, within the layer's
+    sliding window). q: [H, m, d] rotated; keys: [Hkv, N, d] rotated. m*N scores per head (the
+    question rows only, no N*N); each kv head serves its group of query heads without a copy."""
+    heads, m, d = q.shape
+    kv_heads, num_keys = keys.shape[0], keys.shape[1]
+    grouped = q.float().reshape(kv_heads, (heads // kv_heads) * m, d)  # head h reads kv head h // group
+    scores = (grouped @ keys.float().transpose(1, 2)).view(heads, m, num_keys) * model.scaling  # [H, m, N]
+    k_pos = torch.arange(num_keys, device=q.device)[None, :]
+    seen = k_pos <= q_pos[:, None]  # [m, N]
+    window = model.window(layer)
+    if window is not None:
+        seen &= k_pos > q_pos[:, None] - window
+    return scores.masked_fill(~seen, float("-inf")).softmax(dim=-1).sum(dim=1)  # [H, N]
 
 
 @dataclass
@@ -174,16 +287,17 @@ class _Check:
     keep_always: torch.Tensor
     num_always: int
     asking: torch.Tensor
+    question_score: torch.Tensor | None = None  # [N]: a two-stage blend's fused stage-1 score
 
     @classmethod
-    def of(cls, inp: BlendInput, selector: Selector) -> _Check:
+    def of(cls, inp: BlendInput, selector: Selector, question_score: torch.Tensor | None = None) -> _Check:
         n = inp.ids.shape[0]
         keep_always = ~inp.reused  # [N]
         keep_always[-1] = True
         num_reused = int(inp.reused.sum())
         last_reused = int(inp.reused.nonzero().max()) if num_reused else -1
         asking = torch.arange(n, device=inp.ids.device) > min(last_reused, n - 2)  # [N]
-        return cls(inp, selector, num_reused, keep_always, int(keep_always.sum()), asking)
+        return cls(inp, selector, num_reused, keep_always, int(keep_always.sum()), asking, question_score)
 
     def pick(self, at: _CheckLayer, rows: _Rows, budget: int) -> torch.Tensor:
         """Indices into ``rows.active`` to keep: every always-kept row plus the selector's pick
@@ -202,6 +316,7 @@ class _Check:
                 positions=tokens,
                 chunk_offsets=self.inp.chunk_offsets[tokens],
                 query_attention=self._query_attention(at, rows)[:, :, tokens] if needs else None,
+                question_score=None if self.question_score is None else self.question_score[tokens],
             ),
             budget,
         )

@@ -4,6 +4,11 @@ A selector sees, at a check layer, the candidate tokens (reused tokens still bei
 with their fresh and cached K/V, and returns the indices of the ``budget`` candidates to keep
 recomputing. ``blend.py`` decides the budget from the ratio schedule and always keeps every
 uncached token on top of what a selector returns.
+
+A selector whose class sets ``two_stage = True`` (``QuestionSelector``) is not run at a check
+layer of the one-pass blend: ``blend.py`` first runs a full-reuse pass over every layer that
+scores the reused tokens by the attention the question pays them, then recomputes the selector's
+pick from layer 0 (its candidates carry that score as ``question_score``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class Candidates:
     query_attention: [heads, m, n] fp32, the attention the m question rows (the uncached rows after
         the last reused token) pay each candidate at this layer, softmax over the whole prompt.
         Computed only for selectors whose class sets ``needs_query = True``; None otherwise.
+    question_score: [n] fp32, each candidate's score from the first stage of a two-stage blend
+        (``QuestionSelector.fuse``); None in the one-pass blend.
     """
 
     layer: int
@@ -36,6 +43,7 @@ class Candidates:
     positions: torch.Tensor
     chunk_offsets: torch.Tensor
     query_attention: torch.Tensor | None = None
+    question_score: torch.Tensor | None = None
 
 
 class Selector(Protocol):
@@ -122,17 +130,104 @@ class SinkSelector:
     """EPIC's attention sinks on top of a scoring selector: the first ``sinks`` tokens of every
     chunk first, then the rest of the budget by ``inner``'s scores."""
 
-    inner: DeviationSelector | QuerySelector | CombinedSelector
+    inner: DeviationSelector | QuerySelector | CombinedSelector | QuestionSelector
     sinks: int = 2
 
     @property
     def needs_query(self) -> bool:
         return self.inner.needs_query
 
+    @property
+    def two_stage(self) -> bool:
+        return getattr(self.inner, "two_stage", False)
+
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         score = _rank(self.inner.scores(cand))
         score = score + (cand.chunk_offsets < self.sinks).float()  # sinks rank above every other
         return _top(score, budget)
+
+
+@dataclass(frozen=True)
+class QuestionSelector:
+    """ProphetKV-style (arXiv 2602.02579): the reused tokens the question attends to most over
+    the whole depth of the model, found by a first pass before anything is recomputed.
+
+    A two-stage selector (``two_stage``): ``blend.py`` runs stage 1, a full-reuse pass from layer 0
+    (only the uncached rows and the last row are computed, every layer, over the realigned cached
+    K/V), and at each layer of ``layers`` takes the softmax attention of the question rows (the
+    uncached rows after the last reused token, at least the last row) over every prompt key. The
+    attention each layer's question rows pay a token is summed over those rows, reduced over heads
+    (``heads``: mean or max), averaged over the layers, and, with ``per_chunk``, divided by the
+    chunk's total (``fuse``). Stage 2 recomputes from layer 0 every uncached row, the last row and
+    the ``budget`` reused tokens of highest score, at every layer. The config's check layers play
+    no part: only its last ratio (the recompute ratio) does, and ``fresh_check`` has no effect.
+
+    layers: ``all``, ``last_third`` (the last ceil(L/3) layers) or ``last``.
+    """
+
+    layers: str = "all"
+    heads: str = "mean"
+    per_chunk: bool = False
+    needs_query: ClassVar[bool] = False
+    two_stage: ClassVar[bool] = True
+
+    def layer_set(self, num_layers: int) -> range:
+        """The layers whose question attention is fused."""
+        if self.layers == "all":
+            return range(num_layers)
+        if self.layers == "last_third":
+            return range(num_layers - -(-num_layers // 3), num_layers)
+        if self.layers == "last":
+            return range(num_layers - 1, num_layers)
+        raise ValueError(f"question layers must be all, last_third or last; got {self.layers!r}")
+
+    def reduce_heads(self, mass: torch.Tensor) -> torch.Tensor:
+        """mass: [H, N] the attention mass each head's question rows pay each key -> [N]."""
+        if self.heads == "max":
+            return mass.amax(dim=0)
+        if self.heads == "mean":
+            return mass.mean(dim=0)
+        raise ValueError(f"question heads must be mean or max; got {self.heads!r}")
+
+    def fuse(self, per_layer: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+        """per_layer: [L', N] fp32, ``reduce_heads`` of each fused layer; chunks: [N] long, each
+        reused token's chunk (``chunk_ids``), -1 elsewhere. Returns the score [N] (meaningful at
+        reused tokens only)."""
+        score = per_layer.mean(dim=0)  # [N]
+        if not self.per_chunk:
+            return score
+        mine = chunks >= 0
+        totals = torch.zeros(int(chunks.max()) + 1 if bool(mine.any()) else 1, dtype=score.dtype, device=score.device)
+        totals.scatter_add_(0, chunks[mine], score[mine])
+        out = score.clone()
+        out[mine] = score[mine] / totals[chunks[mine]].clamp_min(torch.finfo(score.dtype).tiny)
+        return out
+
+    def scores(self, cand: Candidates) -> torch.Tensor:
+        if cand.question_score is None:
+            raise ValueError("the question selector needs Candidates.question_score (a two-stage blend)")
+        return cand.question_score
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        return _top(self.scores(cand), budget)
+
+
+def chunk_ids(reused: torch.Tensor, chunk_offsets: torch.Tensor) -> torch.Tensor:
+    """[N] long: the index of the chunk each reused token belongs to (0, 1, ... in prompt order),
+    -1 for uncached tokens. Offsets rise strictly inside a chunk (a hole of retokenized edge tokens
+    only skips some), so a reused token whose offset is not above the previous reused token's
+    starts a new chunk. (Two adjacent chunks where the first one's last reused offset is below the
+    second one's first would read as one chunk: only if the second chunk's leading tokens all merged
+    with the text before it.)"""
+    idx = reused.nonzero().flatten()
+    out = torch.full(reused.shape, -1, dtype=torch.long, device=reused.device)
+    if idx.numel() == 0:
+        return out
+    offsets = chunk_offsets[idx]
+    starts = torch.ones_like(offsets, dtype=torch.long)
+    starts[1:] = (offsets[1:] <= offsets[:-1]).long()
+    out[idx] = starts.cumsum(0) - 1
+    return out
 
 
 @dataclass(frozen=True)
@@ -179,6 +274,7 @@ def make_selector(config: BlendConfig) -> Selector:
         "deviation": lambda: DeviationSelector(config.measure),
         "query": lambda: QuerySelector(),
         "query+deviation": lambda: CombinedSelector(config.query_weight, config.measure),
+        "question": lambda: QuestionSelector(config.question_layers, config.question_heads, config.question_per_chunk),
     }
     if config.selector in scoring:
         inner = scoring[config.selector]()
