@@ -29,16 +29,8 @@ from .models.loading import load_pretrained
 from .neighbours import NeighbourIndex
 from .prompts.assemble import assemble
 from .prompts.finder import ChunkFinder
-from .prompts.request import (
-    PromptText,
-    check_request,
-    clean_chunk,
-    has_chat_template,
-    prompt_from_text,
-    render_chat,
-    request_prompt,
-)
-from .prompts.prepared import Request
+from .prompts.prepared import Request, RequestBuilder
+from .prompts.request import clean_chunk, has_chat_template, render_chat
 from .prompts.tokenize import Encoding, chunk_context_ids, encode_chunk, encode_prompt
 from .result import Generation
 from .stores import ChunkKey, ChunkRecord, KVTier, MemoryStore, RecordKeys, StoreChain, compact, model_fingerprint, open_tier
@@ -82,6 +74,7 @@ class BlendEngine:
         self.tokens_warmed = 0  # tokens computed by warm() so far, contexts and neighbours included
         self.eos_ids = eos_ids(model, tokenizer)
         self._lock = threading.RLock()
+        self.requests = RequestBuilder(tokenizer, self.finder, self.context_window, self._lock)
 
     @classmethod
     def from_pretrained(
@@ -201,19 +194,7 @@ class BlendEngine:
         ``prefix``/``query``), tokenized and checked against the context window, once: prefill,
         stream and generate take it as it is. A ``Request`` is returned unchanged.
         ContextLengthError (a ValueError) when it does not fit."""
-        if isinstance(prompt, Request):
-            if chunks is not None or query is not None or prefix is not None:
-                raise ValueError("a Request already holds its chunks and query: pass it alone")
-            return prompt
-        text = self._text(prompt, chunks, query, prefix)
-        return Request.fitted(text, encode_prompt(self.tokenizer, text.text), self.context_window)
-
-    def _text(self, prompt, chunks, query, prefix) -> PromptText:
-        check_request(prompt, chunks, query, prefix)
-        if prompt is not None:
-            with self._lock:
-                return prompt_from_text(prompt, self.finder)
-        return request_prompt(self.tokenizer, [clean_chunk(c) for c in chunks], query, prefix)
+        return self.requests.build(prompt, chunks, query, prefix)
 
     def prefill(
         self,
@@ -263,17 +244,7 @@ class BlendEngine:
         return config
 
     def _lookup(self, chunks: list[list[int]]) -> list[ChunkRecord | None]:
-        """The stored KV of a prompt's chunks, in prompt order. With ``lead_alone`` the first chunk
-        reads its ``lead`` record (warmed alone) and the others their records warmed behind
-        neighbours; a chunk lacking the record its place asks for uses its other one."""
-        keys = [self.record_keys(ids) for ids in chunks]  # (as warmed, lead or None) per chunk
-        records = self.stores.get_many([lead if i == 0 and lead else plain for i, (plain, lead) in enumerate(keys)])
-        missing = [i for i, r in enumerate(records) if r is None and keys[i][1]]
-        if missing:
-            other = [keys[i][1] if i else keys[i][0] for i in missing]
-            for i, record in zip(missing, self.stores.get_many(other)):
-                records[i] = record
-        return records
+        return self.stores.prompt_records(chunks, self.record_keys)
 
     def token_ids(self, prompt: str | Request) -> list[int]:
         """The token ids the engine feeds for a raw prompt (no compute, no cache read, no length

@@ -4,10 +4,14 @@ so nothing is searched for chunks, tokenized or length-checked twice."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from .request import PromptText
-from .tokenize import Encoding
+from .finder import ChunkFinder
+from .request import PromptText, check_request, clean_chunk, prompt_from_text, request_prompt
+from .tokenize import Encoding, encode_prompt
 
 
 class ContextLengthError(ValueError):
@@ -35,3 +39,30 @@ class Request:
         if len(encoding.ids) >= window:
             raise ContextLengthError(len(encoding.ids), window)
         return cls(text, encoding)
+
+
+@dataclass
+class RequestBuilder:
+    """Builds Requests for one tokenizer, the chunk finder of one engine and its context window
+    (``lock`` guards the finder, which warming extends from other threads)."""
+
+    tokenizer: Any
+    finder: ChunkFinder
+    window: int
+    lock: threading.RLock
+
+    def build(self, prompt: str | Request | None, chunks: Sequence[str] | None, query: str | None,
+              prefix: str | None) -> Request:
+        """A raw ``prompt`` searched for warmed chunks, or explicit ``chunks`` wrapped by the chat
+        template around ``prefix``/``query``; a Request passes through (alone)."""
+        if isinstance(prompt, Request):
+            if chunks is not None or query is not None or prefix is not None:
+                raise ValueError("a Request already holds its chunks and query: pass it alone")
+            return prompt
+        check_request(prompt, chunks, query, prefix)
+        if prompt is not None:
+            with self.lock:
+                text = prompt_from_text(prompt, self.finder)
+        else:
+            text = request_prompt(self.tokenizer, [clean_chunk(c) for c in chunks], query, prefix)
+        return Request.fitted(text, encode_prompt(self.tokenizer, text.text), self.window)

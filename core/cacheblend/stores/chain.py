@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .keys import ChunkKey
+from .keys import ChunkKey, RecordKeys
 from .memory import MemoryStore
 from .record import ChunkRecord
 from .tier import KVTier
@@ -58,6 +58,20 @@ class StoreChain:
                     self.memory.put(record)
                 found[key] = record
         return [found[k] for k in keys]
+
+    def prompt_records(self, chunks: Sequence[Sequence[int]], keys: RecordKeys) -> list[ChunkRecord | None]:
+        """The records a prompt's chunks (token ids, in prompt order) read, in two lookups at most.
+        With lead records (``keys.lead_alone``) the first chunk reads its ``lead`` record (warmed
+        alone: nothing but the prompt's head precedes it) and the others their records warmed
+        behind neighbours; a chunk lacking the record its place asks for uses its other one."""
+        pairs = [keys(ids) for ids in chunks]  # (as warmed, lead or None) per chunk
+        records = self.get_many([lead if i == 0 and lead else plain for i, (plain, lead) in enumerate(pairs)])
+        missing = [i for i, r in enumerate(records) if r is None and pairs[i][1]]
+        if missing:
+            other = [pairs[i][1] if i else pairs[i][0] for i in missing]
+            for i, record in zip(missing, self.get_many(other)):
+                records[i] = record
+        return records
 
     def __contains__(self, key: ChunkKey) -> bool:
         return any(t.contains_many([key])[0] for t in self.tiers)
