@@ -9,22 +9,19 @@ without it). Scripts call ``add_common`` on their parser and ``RunRecord.start(a
 any work, then ``record.write(args.run_file, payload)``; ``payload`` is the script's own result
 dict, stored beside a ``run`` key.
 
-Nothing here imports torch: ``--help`` must exit before any heavy import.
+Nothing here imports torch: ``--help`` must exit before any heavy import. The record itself
+(``RunRecord``: what is recorded, and the atomic write) is ``cacheblend.tools.runrecord``'s, which
+the ``cacheblend`` command's ``--run-file`` outputs use too.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shlex
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
+
+from cacheblend.tools.runrecord import RunRecord as PackageRunRecord  # no torch import
 
 # cacheblend's default model (cacheblend.models.catalog.DEFAULT), spelled out because importing
 # cacheblend.models loads torch; tests/test_benchmarks_cli.py checks that the two agree.
@@ -44,21 +41,6 @@ def add_common(parser: argparse.ArgumentParser, *, model: bool = True, quick: st
                              "(docs/runs/ for figures in the docs: benchmarks/README.md)")
 
 
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _load() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # not on this platform
-        return None
-
-
 def command_line(argv: list[str] | None = None) -> str:
     """The command as one would type it again from the repository root."""
     argv = sys.argv if argv is None else argv
@@ -67,51 +49,10 @@ def command_line(argv: list[str] | None = None) -> str:
     return shlex.join(["python", str(shown), *argv[1:]])
 
 
-@dataclass
-class RunRecord:
-    """What a run file says about its run; ``start`` takes it before the work begins."""
-
-    command: str
-    model: str | None
-    commit: str | None
-    dirty: bool | None
-    date: str
-    started: float
-    load_start: list[float] | None
-    extra: dict = field(default_factory=dict)
+class RunRecord(PackageRunRecord):
+    """``cacheblend.tools.runrecord.RunRecord``, started from a script's parsed arguments: the
+    command as typed from the repository root, the ``--model`` it ran."""
 
     @classmethod
     def start(cls, args: argparse.Namespace | None = None, argv: list[str] | None = None) -> RunRecord:
-        status = _git("status", "--porcelain", "--untracked-files=no")
-        return cls(
-            command=command_line(argv), model=getattr(args, "model", None), commit=_git("rev-parse", "HEAD"),
-            dirty=None if status is None else bool(status), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            started=time.monotonic(), load_start=_load(),
-        )
-
-    def meta(self) -> dict:
-        """The ``run`` entry of a run file, with the end state taken now."""
-        machine = {"cpu_count": os.cpu_count(), "load_start": self.load_start, "load_end": _load(),
-                   "platform": platform.platform(), "python": platform.python_version()}
-        if hasattr(os, "sched_getaffinity"):
-            machine["cpus_usable"] = len(os.sched_getaffinity(0))
-        torch = sys.modules.get("torch")
-        if torch is not None:  # only when the script used it: never imported here
-            machine |= {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-        return {"command": self.command, "commit": self.commit, "dirty": self.dirty, "date": self.date,
-                "seconds": round(time.monotonic() - self.started, 1), "model": self.model,
-                "machine": machine, **self.extra}
-
-    def write(self, path: str | Path | None, payload: dict) -> Path | None:
-        """Writes ``{"run": meta, **payload}`` to ``path`` atomically (None: writes nothing)."""
-        if path is None:
-            return None
-        if "run" in payload:
-            raise ValueError("the payload's 'run' key is the run file's own")
-        from cacheblend.files import write_atomic  # the package's one atomic writer (no torch import)
-
-        text = json.dumps({"run": self.meta(), **payload}, indent=2, default=str) + "\n"
-        path = write_atomic(path, text.encode("utf-8"), prefix=f".{Path(path).name}.")
-        print(f"wrote run file {path}", flush=True)
-        return path
+        return super().start(command_line(argv), getattr(args, "model", None))

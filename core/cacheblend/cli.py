@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .cliargs import DEMO_QUESTIONS, demo_dir, parser
@@ -71,7 +70,7 @@ def cmd_demo(args) -> int:
     from .tools.datasets import pydoc_passages
     from .tools.demo_index import KV_DIR
 
-    started, load_start = time.perf_counter(), _loadavg()
+    started, record = time.perf_counter(), _run_record(args.model)
     index_dir = Path(args.dir or demo_dir(args.model))
     engine = _engine(args, index_dir / KV_DIR)
     load_s = time.perf_counter() - started
@@ -82,38 +81,16 @@ def cmd_demo(args) -> int:
     answers = [_answer(engine, index, q, args.top_k, args.ratio, 96, compare=True, stop=["\n\n"])
                for q in DEMO_QUESTIONS[: args.questions]]
     if args.run_file:
-        from .integrations.persistence import write_json
-
-        write_json(Path(args.run_file), {
-            **_run_meta(engine.name, load_start), "total_s": time.perf_counter() - started,
-            "model_load_s": load_s, **built, "answers": answers,
-        })
+        record.model = engine.name
+        record.write(args.run_file, {"total_s": time.perf_counter() - started, "model_load_s": load_s, **built,
+                                     "answers": answers})
     return 0
 
 
-def _loadavg() -> list[float] | None:
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+def _run_record(model: str):
+    from .tools.runrecord import RunRecord
 
-
-def _run_meta(model: str, load_start: list[float] | None) -> dict:
-    """What a run file says about the run (benchmarks/README.md): the command, the git commit of
-    the code that ran (None outside a checkout), the date, the model and the machine's load."""
-    import subprocess
-
-    here = Path(__file__).resolve().parent
-
-    def git(*a: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", str(here), *a], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"command": " ".join(["cacheblend", *sys.argv[1:]]), "commit": git("rev-parse", "HEAD"),
-            "dirty": None if status is None else bool(status), "model": model,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
-            "load_start": load_start, "load_end": _loadavg()}
+    return RunRecord.start(" ".join(["cacheblend", *sys.argv[1:]]), model)
 
 
 def cmd_warm(args) -> int:
@@ -181,7 +158,7 @@ def cmd_bench(args) -> int:
 
     out = Path(args.out)
     store = Path(args.store) if args.store else out / "store"
-    load_start = _loadavg()
+    record = _run_record(args.model)
     engine = _engine(args, store)
     if args.dataset:
         examples = load_musique(args.dataset, args.chunks)[args.start : args.start + args.prompts]
@@ -208,7 +185,8 @@ def cmd_bench(args) -> int:
     n_tokens = len(engine.request(chunks=examples[0].passages, query=examples[0].question).ids)
     title = f"{title}: {len(examples)} prompts of {args.chunks} chunks (~{n_tokens} tokens), {engine.name}, {engine.adapter.device}"
     rates = bench.throughput(engine, examples, rows)
-    meta = {**_run_meta(engine.name, load_start), "args": vars(args) | {"func": None},
+    record.model = engine.name
+    meta = {**record.meta(), "args": vars(args) | {"func": None},
             "seconds": time.perf_counter() - started, "throughput": rates}
     print("\n" + bench.save(rows, out, title, meta))
     print(f"\nwarming {rates['warming_tokens_per_s']:.0f} chunk tokens/s ({rates['warming_computed_tokens_per_s']:.0f} "
