@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-SELECTORS = ("deviation", "query", "query+deviation", "question", "random", "chunk_start", "none", "all")
+SELECTORS = ("deviation", "query", "query+deviation", "question", "question+deviation", "random", "chunk_start", "none", "all")
 QUESTION_LAYERS = ("all", "last_third", "last")
 QUESTION_HEADS = ("mean", "max")
 MEASURES = ("k", "v", "kv")
@@ -42,7 +42,9 @@ class BlendConfig:
             (ProphetKV-style, two stages: a full-reuse pass over every layer scores each reused token
             by the attention the question's rows pay it, then the top ``recompute_ratio`` share is
             recomputed from layer 0; ``check_layers`` play no part, only the last ratio does; see
-            ``blending.selection.QuestionSelector`` and docs/QUESTION-SELECTOR.md).
+            ``blending.selection.QuestionSelector`` and docs/QUESTION-SELECTOR.md);
+            ``question+deviation`` (that stage-1 score and KV deviation by weighted rank, picked at
+            the check layers of the one-pass blend, after its full-prefill prelude).
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
@@ -79,6 +81,8 @@ class BlendConfig:
         question_per_chunk: divide each token's fused score by its chunk's total, so every chunk
             holds the same score mass (the budget then goes where attention is peaked within a
             chunk rather than to the chunks the question reads most).
+        question_weight: weight of the question rank against the deviation rank in
+            ``question+deviation``.
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -96,6 +100,7 @@ class BlendConfig:
     question_layers: str = "all"
     question_heads: str = "mean"
     question_per_chunk: bool = False
+    question_weight: float = 0.5
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))
@@ -128,6 +133,9 @@ class BlendConfig:
         _check_choice("question_heads", self.question_heads, QUESTION_HEADS)
         if not isinstance(self.question_per_chunk, bool):
             raise ValueError(f"question_per_chunk must be True or False, got {self.question_per_chunk!r}")
+        if not isinstance(self.question_weight, (int, float)) or isinstance(self.question_weight, bool) \
+                or not 0.0 <= self.question_weight <= 1.0:
+            raise ValueError(f"question_weight must be a number in [0, 1], got {self.question_weight!r}")
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
 

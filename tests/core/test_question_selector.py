@@ -18,24 +18,25 @@ from cacheblend.blending.selection import (
     Candidates,
     DeviationSelector,
     NoneSelector,
+    QuestionDeviationSelector,
     QuestionSelector,
     SinkSelector,
-    chunk_ids,
     make_selector,
 )
+from cacheblend.blending.question import Fusion, chunk_ids
 
 from test_equivalence import CHUNKS, assembled, assert_kv_close, hf_reference, request
 from tiny_models import FAMILIES
 
 
 class Spy:
-    """A two-stage selector that records what stage 2 hands it and what it picks (fusing by
-    ``inner``, as the blend does for a ``SinkSelector``)."""
+    """A two-stage selector that records what stage 2 hands it and what it picks (``inner``'s
+    fusion and picks)."""
 
     two_stage = True
 
-    def __init__(self, inner: QuestionSelector):
-        self.inner = inner
+    def __init__(self, inner):
+        self.inner, self.fusion = inner, inner.fusion
         self.seen: list[tuple[Candidates, torch.Tensor]] = []
 
     def __call__(self, cand, budget):
@@ -308,6 +309,10 @@ def test_config_names_and_validation():
     for bad in (dict(question_layers="first"), dict(question_heads="sum"), dict(question_per_chunk=1)):
         with pytest.raises(ValueError):
             BlendConfig(selector="question", **bad)
+    for bad in (dict(layers="first"), dict(heads="sum")):
+        with pytest.raises(ValueError):
+            QuestionSelector(**bad)
+    assert QuestionSelector("last", "max", True).fusion == Fusion("last", "max", True)
     assert QuestionSelector("last_third").layer_set(30) == range(20, 30)
     assert QuestionSelector("last_third").layer_set(4) == range(2, 4)
     assert QuestionSelector("last").layer_set(4) == range(3, 4)
@@ -325,6 +330,66 @@ def test_chunk_ids_from_offsets():
 def test_per_chunk_fusion_gives_every_chunk_the_same_mass():
     per_layer = torch.tensor([[9.0, 1.0, 3.0, 0.5, 0.5, 5.0], [1.0, 1.0, 1.0, 0.5, 3.5, 3.0]])
     chunks = torch.tensor([-1, 0, 0, 1, 1, -1])
-    score = QuestionSelector(per_chunk=True).fuse(per_layer, chunks)
+    score = Fusion(per_chunk=True).fuse(per_layer, chunks)
     torch.testing.assert_close(score[1:5], torch.tensor([1 / 3, 2 / 3, 0.2, 0.8]))
-    torch.testing.assert_close(QuestionSelector().fuse(per_layer, chunks), per_layer.mean(0))
+    torch.testing.assert_close(Fusion().fuse(per_layer, chunks), per_layer.mean(0))
+
+
+class DeviationSpy:
+    """The deviation selector, recording the positions it picks."""
+
+    def __init__(self):
+        self.picked = []
+
+    def __call__(self, cand, budget):
+        chosen = DeviationSelector("v")(cand, budget)
+        self.picked.append(sorted(cand.positions[chosen].tolist()))
+        return chosen
+
+
+def test_question_deviation_at_weight_zero_is_the_deviation_blend(make_engine):
+    engine = make_engine("llama")
+    engine.warm(CHUNKS)
+    inp = blend_input(engine)
+    plain = DeviationSpy()
+    reference = blend_prefill(engine.adapter, inp, plain, {1: 0.2})
+    spy = Spy(QuestionDeviationSelector(0.0))
+    spy.at_check_layers = True
+    out = blend_prefill(engine.adapter, inp, spy, {1: 0.2})
+    (cand, chosen), = spy.seen
+    assert cand.layer == 1 and sorted(cand.positions[chosen].tolist()) == plain.picked[0]
+    torch.testing.assert_close(out.logits, reference.logits, atol=1e-6, rtol=1e-6)
+    assert out.active_per_layer == reference.active_per_layer and out.first_stage_rows > 0
+
+
+def test_question_deviation_at_weight_one_picks_by_the_question(make_engine):
+    engine = make_engine("llama")
+    engine.warm(CHUNKS)
+    inp = blend_input(engine)
+    masses, _, _ = reference_stage1(engine, inp)
+    score = fused_reference(masses, QuestionSelector(), chunk_ids(inp.reused, inp.chunk_offsets))
+    spy = Spy(QuestionDeviationSelector(1.0))
+    spy.at_check_layers = True
+    blend_prefill(engine.adapter, inp, spy, {2: 0.2})
+    (cand, chosen), = spy.seen
+    reused = inp.reused.nonzero().flatten()
+    top = score[reused].topk(budget_for(0.2, reused.numel())).indices
+    assert cand.layer == 2 and sorted(cand.positions[chosen].tolist()) == sorted(reused[top].tolist())
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_question_deviation_ends(make_engine, family):
+    engine = make_engine(family)
+    engine.warm(CHUNKS)
+    inp = blend_input(engine)
+    selector = make_selector(BlendConfig(selector="question+deviation", question_weight=0.7))
+    assert selector == QuestionDeviationSelector(0.7)
+    full = blend_prefill(engine.adapter, inp, selector, {1: 1.0})
+    logits, kv = hf_reference(engine, inp.ids)
+    torch.testing.assert_close(full.logits, logits, atol=1e-5, rtol=1e-5)
+    assert_kv_close(full.kv, kv, 1e-5)
+    reuse = blend_prefill(engine.adapter, inp, NoneSelector(), {0: 0.0})
+    out = blend_prefill(engine.adapter, inp, selector, {1: 0.0})
+    assert torch.equal(out.logits, reuse.logits)
+    with pytest.raises(ValueError):
+        BlendConfig(selector="question+deviation", question_weight=1.5)

@@ -3,5 +3,7 @@
 ``blend.py`` is the one place that knows the algorithm's order; ``encode.py`` computes the chunk
 KV it reuses; ``selection.py`` holds the selectors (a new selector is a class there with
 ``__call__(Candidates, budget) -> indices``, plus a name in ``BlendConfig`` and ``make_selector``
-if it should be reachable from the config); ``rope.py`` is pure math.
+if it should be reachable from the config); ``question.py`` computes the score of the two-stage
+question selectors (the question's attention in a full-reuse pass, fused over layers and heads);
+``rope.py`` is pure math.
 """

@@ -34,7 +34,8 @@ from ..models.adapter import ModelAdapter
 from .feed import LayerFeed
 from .rope import RopeTables, apply_rope, realign
 from .rows import RowPlan, attend_rows
-from .selection import Candidates, NoneSelector, Selector, chunk_ids
+from .question import QuestionScore
+from .selection import Candidates, NoneSelector, Selector
 
 
 @dataclass
@@ -95,28 +96,20 @@ def blend_prefill(
 
     A selector with ``two_stage`` set (``QuestionSelector``) runs the two-stage blend instead (the
     module docstring, ``_two_stage``): ``schedule``'s last ratio is its recompute ratio, its check
-    layers and ``fresh_check`` play no part.
+    layers and ``fresh_check`` play no part (unless the selector sets ``at_check_layers``).
     """
     if getattr(selector, "two_stage", False):
-        return _two_stage(model, inp, selector, schedule)
+        return _two_stage(model, inp, selector, schedule, fresh_check)
     return _blend(model, inp, selector, schedule, fresh_check)
 
 
-def _blend(
-    model: ModelAdapter,
-    inp: BlendInput,
-    selector: Selector,
-    schedule: dict[int, float],
-    fresh_check: bool = False,
-    observe: _Asked | None = None,
-    base: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    question_score: torch.Tensor | None = None,
-) -> BlendOutput:
-    """The one-pass blend of ``blend_prefill``, with what the two-stage blend adds: ``observe``
-    (layer, q, keys, rows), called at every layer with the rotated queries [1,H,n,d] of the rows
-    computed and the layer's keys [1,Hkv,N,d]; ``base``, per layer the K and V [Hkv,N,d] of an
-    earlier pass to start the layer's cache from (written in place) instead of realigning the
-    cached K/V; ``question_score`` [N], handed to the selector as ``Candidates.question_score``."""
+def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float], fresh_check=False,
+           observe: QuestionScore | None = None, base: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+           question_score: torch.Tensor | None = None) -> BlendOutput:
+    """The one-pass blend, with what the two-stage blend adds: ``observe`` (layer, q [1,H,n,d]
+    rotated, keys [1,Hkv,N,d], the n rows' positions) at every layer; ``base``, per layer the K and
+    V [Hkv,N,d] of an earlier pass to start the cache from (written in place) instead of realigning
+    the cached K/V; ``question_score`` [N], handed to the selector in ``Candidates``."""
     n = inp.ids.shape[0]
     pos = torch.arange(n, device=inp.ids.device)  # [N]
     tables = RopeTables.at(model, pos)  # per rotary geometry: cos, sin [N, d]
@@ -153,7 +146,7 @@ def _blend(
             keys, values = layer_kv[0][None], layer_kv[1][None]  # [1,Hkv,N,d]
         q = apply_rope(model.q(layer, x), *rows.rope.layer(layer))  # [1,H,n,d], only the rows kept
         if observe is not None:
-            observe(layer, q, keys, rows)
+            observe(layer, q, keys, rows.active)
         h = model.finish(layer, h, attend_rows(model, layer, q, keys, values, rows.plan))
         kv.append((keys, values))
         active_per_layer.append(rows.active.shape[0])
@@ -161,71 +154,33 @@ def _blend(
     return BlendOutput(kv=kv, logits=logits, recomputed=active_per_layer[-1], active_per_layer=active_per_layer)
 
 
-def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float]) -> BlendOutput:
+def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
+               fresh_check: bool) -> BlendOutput:
     """Stage 1: the full-reuse pass (the uncached rows and the last row, from layer 0, over the
     realigned cached K/V), scoring the question rows' attention at the selector's layers. Stage 2:
     from layer 0 again, over stage 1's caches, the uncached rows, the last row and the selector's
-    ``budget_for(ratio, reused)`` reused tokens by the fused score, at every layer. At a budget of
-    0 stage 1 is the whole blend (nothing is scored): exactly the ratio-0.0 blend."""
+    ``budget_for(ratio, reused)`` reused tokens by the fused score, at every layer; or, with
+    ``at_check_layers`` (``QuestionDeviationSelector``), the one-pass blend of ``schedule``. At a
+    budget of 0 stage 1 is the whole blend (nothing is scored): exactly the ratio-0.0 blend."""
     num_reused = int(inp.reused.sum())
     if inp.cached is None or num_reused == 0 or not schedule:
         return _blend(model, inp, selector, {})  # nothing to reuse: a full prefill
     ratio = schedule[max(schedule)]  # the last check layer's: the recompute ratio
     if budget_for(ratio, num_reused) == 0:
         return _blend(model, inp, NoneSelector(), {0: 0.0})  # full reuse
-    asked = _Asked(model, _Check.of(inp, selector), selector)
+    asked = QuestionScore(model, _Check.of(inp, selector).asking, selector.fusion)
     first = _blend(model, inp, NoneSelector(), {0: 0.0}, observe=asked)
-    score = _fuser(selector).fuse(torch.stack(asked.per_layer), chunk_ids(inp.reused, inp.chunk_offsets))  # [N]
+    score = asked.score(inp.reused, inp.chunk_offsets)  # [N]
     base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
-    out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score)
+    if getattr(selector, "at_check_layers", False):
+        out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score)
+    else:
+        out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score)
     out.first_stage_rows = first.recomputed
     out.first_stage_per_layer = first.active_per_layer
     out.question_rows = asked.rows
     out.question_layers = asked.layers
     return out
-
-
-def _fuser(selector: Selector):
-    """What fuses a two-stage selector's score: the selector, or the inner one of a ``SinkSelector``."""
-    return getattr(selector, "inner", selector)
-
-
-class _Asked:
-    """Stage 1's observer: at each layer the selector fuses, the attention the question rows pay
-    every prompt key, summed over those rows and reduced over heads by the selector (fp32, [N])."""
-
-    def __init__(self, model: ModelAdapter, check: _Check, selector: Selector) -> None:
-        self.model, self.check, self.fuser = model, check, _fuser(selector)
-        self.wanted = set(self.fuser.layer_set(model.num_layers))
-        self.per_layer: list[torch.Tensor] = []  # [N] per fused layer
-        self.layers: list[int] = []
-        self.rows = 0
-
-    def __call__(self, layer: int, q: torch.Tensor, keys: torch.Tensor, rows: _Rows) -> None:
-        if layer not in self.wanted:
-            return
-        mine = self.check.asking[rows.active]  # [n] bool: the question rows (stage 1 computes them all)
-        mass = question_mass(self.model, layer, q[0][:, mine], keys[0], rows.active[mine])  # [H, N]
-        self.per_layer.append(self.fuser.reduce_heads(mass))
-        self.layers.append(layer)
-        self.rows = int(mine.sum())
-
-
-def question_mass(model: ModelAdapter, layer: int, q: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
-    """The attention mass [H, N] fp32 the m rows at ``q_pos`` [m] pay each of the N keys, summed
-    over the rows: a softmax over the keys each row sees (causal by position, within the layer's
-    sliding window). q: [H, m, d] rotated; keys: [Hkv, N, d] rotated. m*N scores per head (the
-    question rows only, no N*N); each kv head serves its group of query heads without a copy."""
-    heads, m, d = q.shape
-    kv_heads, num_keys = keys.shape[0], keys.shape[1]
-    grouped = q.float().reshape(kv_heads, (heads // kv_heads) * m, d)  # head h reads kv head h // group
-    scores = (grouped @ keys.float().transpose(1, 2)).view(heads, m, num_keys) * model.scaling  # [H, m, N]
-    k_pos = torch.arange(num_keys, device=q.device)[None, :]
-    seen = k_pos <= q_pos[:, None]  # [m, N]
-    window = model.window(layer)
-    if window is not None:
-        seen &= k_pos > q_pos[:, None] - window
-    return scores.masked_fill(~seen, float("-inf")).softmax(dim=-1).sum(dim=1)  # [H, N]
 
 
 @dataclass

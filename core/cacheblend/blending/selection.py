@@ -19,6 +19,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from ..config import BlendConfig
+from .question import Fusion
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class SinkSelector:
     """EPIC's attention sinks on top of a scoring selector: the first ``sinks`` tokens of every
     chunk first, then the rest of the budget by ``inner``'s scores."""
 
-    inner: DeviationSelector | QuerySelector | CombinedSelector | QuestionSelector
+    inner: DeviationSelector | QuerySelector | CombinedSelector | QuestionSelector | QuestionDeviationSelector
     sinks: int = 2
 
     @property
@@ -140,6 +141,14 @@ class SinkSelector:
     @property
     def two_stage(self) -> bool:
         return getattr(self.inner, "two_stage", False)
+
+    @property
+    def at_check_layers(self) -> bool:
+        return getattr(self.inner, "at_check_layers", False)
+
+    @property
+    def fusion(self) -> Fusion | None:
+        return getattr(self.inner, "fusion", None)
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         score = _rank(self.inner.scores(cand))
@@ -152,17 +161,14 @@ class QuestionSelector:
     """ProphetKV-style (arXiv 2602.02579): the reused tokens the question attends to most over
     the whole depth of the model, found by a first pass before anything is recomputed.
 
-    A two-stage selector (``two_stage``): ``blend.py`` runs stage 1, a full-reuse pass from layer 0
-    (only the uncached rows and the last row are computed, every layer, over the realigned cached
-    K/V), and at each layer of ``layers`` takes the softmax attention of the question rows (the
-    uncached rows after the last reused token, at least the last row) over every prompt key. The
-    attention each layer's question rows pay a token is summed over those rows, reduced over heads
-    (``heads``: mean or max), averaged over the layers, and, with ``per_chunk``, divided by the
-    chunk's total (``fuse``). Stage 2 recomputes from layer 0 every uncached row, the last row and
-    the ``budget`` reused tokens of highest score, at every layer. The config's check layers play
-    no part: only its last ratio (the recompute ratio) does, and ``fresh_check`` has no effect.
-
-    layers: ``all``, ``last_third`` (the last ceil(L/3) layers) or ``last``.
+    Two-stage (``two_stage``): ``blend.py`` runs stage 1, a full-reuse pass from layer 0 (only the
+    uncached rows and the last row, every layer, over the realigned cached K/V) that takes at each
+    layer the softmax attention of the question rows (the uncached rows after the last reused
+    token, at least the last row) over every prompt key; ``question.Fusion`` makes it one score
+    per token (``layers``: all, last_third or last; ``heads``: mean or max; ``per_chunk``). Stage 2
+    recomputes from layer 0 the uncached rows, the last row and the ``budget`` reused tokens of
+    highest score, at every layer. The config's check layers play no part, only its last ratio
+    (the recompute ratio) does; ``fresh_check`` has no effect.
     """
 
     layers: str = "all"
@@ -171,63 +177,56 @@ class QuestionSelector:
     needs_query: ClassVar[bool] = False
     two_stage: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        self.fusion  # noqa: B018 (validates the fusion knobs)
+
+    @property
+    def fusion(self) -> Fusion:
+        return Fusion(self.layers, self.heads, self.per_chunk)
+
     def layer_set(self, num_layers: int) -> range:
-        """The layers whose question attention is fused."""
-        if self.layers == "all":
-            return range(num_layers)
-        if self.layers == "last_third":
-            return range(num_layers - -(-num_layers // 3), num_layers)
-        if self.layers == "last":
-            return range(num_layers - 1, num_layers)
-        raise ValueError(f"question layers must be all, last_third or last; got {self.layers!r}")
-
-    def reduce_heads(self, mass: torch.Tensor) -> torch.Tensor:
-        """mass: [H, N] the attention mass each head's question rows pay each key -> [N]."""
-        if self.heads == "max":
-            return mass.amax(dim=0)
-        if self.heads == "mean":
-            return mass.mean(dim=0)
-        raise ValueError(f"question heads must be mean or max; got {self.heads!r}")
-
-    def fuse(self, per_layer: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
-        """per_layer: [L', N] fp32, ``reduce_heads`` of each fused layer; chunks: [N] long, each
-        reused token's chunk (``chunk_ids``), -1 elsewhere. Returns the score [N] (meaningful at
-        reused tokens only)."""
-        score = per_layer.mean(dim=0)  # [N]
-        if not self.per_chunk:
-            return score
-        mine = chunks >= 0
-        totals = torch.zeros(int(chunks.max()) + 1 if bool(mine.any()) else 1, dtype=score.dtype, device=score.device)
-        totals.scatter_add_(0, chunks[mine], score[mine])
-        out = score.clone()
-        out[mine] = score[mine] / totals[chunks[mine]].clamp_min(torch.finfo(score.dtype).tiny)
-        return out
+        return self.fusion.layer_set(num_layers)
 
     def scores(self, cand: Candidates) -> torch.Tensor:
-        if cand.question_score is None:
-            raise ValueError("the question selector needs Candidates.question_score (a two-stage blend)")
-        return cand.question_score
+        return _question_score(cand)
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         return _top(self.scores(cand), budget)
 
 
-def chunk_ids(reused: torch.Tensor, chunk_offsets: torch.Tensor) -> torch.Tensor:
-    """[N] long: the index of the chunk each reused token belongs to (0, 1, ... in prompt order),
-    -1 for uncached tokens. Offsets rise strictly inside a chunk (a hole of retokenized edge tokens
-    only skips some), so a reused token whose offset is not above the previous reused token's
-    starts a new chunk. (Two adjacent chunks where the first one's last reused offset is below the
-    second one's first would read as one chunk: only if the second chunk's leading tokens all merged
-    with the text before it.)"""
-    idx = reused.nonzero().flatten()
-    out = torch.full(reused.shape, -1, dtype=torch.long, device=reused.device)
-    if idx.numel() == 0:
-        return out
-    offsets = chunk_offsets[idx]
-    starts = torch.ones_like(offsets, dtype=torch.long)
-    starts[1:] = (offsets[1:] <= offsets[:-1]).long()
-    out[idx] = starts.cumsum(0) - 1
-    return out
+def _question_score(cand: Candidates) -> torch.Tensor:
+    if cand.question_score is None:
+        raise ValueError("the question selectors need Candidates.question_score (a two-stage blend)")
+    return cand.question_score
+
+
+@dataclass(frozen=True)
+class QuestionDeviationSelector:
+    """The question's stage-1 score and KV deviation by weighted rank: ``weight`` * rank(question)
+    + (1 - weight) * rank(deviation), ranks in [0, 1). Stage 1 as ``QuestionSelector``'s; stage 2
+    is the one-pass blend of the config's schedule (``at_check_layers``: a full-prefill prelude
+    before the first check layer, where fresh K/V to compare exist): stage 1 on top of deviation's cost.
+    """
+
+    weight: float = 0.5
+    measure: str = "v"
+    layers: str = "all"
+    heads: str = "mean"
+    per_chunk: bool = False
+    needs_query: ClassVar[bool] = False
+    two_stage: ClassVar[bool] = True
+    at_check_layers: ClassVar[bool] = True
+
+    @property
+    def fusion(self) -> Fusion:
+        return Fusion(self.layers, self.heads, self.per_chunk)
+
+    def scores(self, cand: Candidates) -> torch.Tensor:
+        question = _rank(_question_score(cand))
+        return self.weight * question + (1.0 - self.weight) * _rank(DeviationSelector(self.measure).scores(cand))
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        return _top(self.scores(cand), budget)
 
 
 @dataclass(frozen=True)
@@ -275,6 +274,9 @@ def make_selector(config: BlendConfig) -> Selector:
         "query": lambda: QuerySelector(),
         "query+deviation": lambda: CombinedSelector(config.query_weight, config.measure),
         "question": lambda: QuestionSelector(config.question_layers, config.question_heads, config.question_per_chunk),
+        "question+deviation": lambda: QuestionDeviationSelector(
+            config.question_weight, config.measure, config.question_layers, config.question_heads, config.question_per_chunk
+        ),
     }
     if config.selector in scoring:
         inner = scoring[config.selector]()
