@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     record.model = ", ".join(sorted({r.get("run", {}).get("model") or "smollm2-135m-instruct (before run files)" for r in runs}))
     labels = sorted({family(n)[0] for data in runs for n in data["methods"] if n != "full prefill"})
     colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}  # one colour per method in every panel
-    fig, axes = plt.subplots(2, len(paths), figsize=(5.2 * len(paths), 8.2), squeeze=False)
+    wide = len(paths) > 1
+    fig, axes = plt.subplots(2, len(paths), figsize=(max(5.2 * len(paths), 7.5), 8.2 if wide else 9.4), squeeze=False)
     for col, data in enumerate(runs):
         curves: dict[str, list[tuple[float, float, float]]] = {}
         for name, row in data["methods"].items():
@@ -77,15 +78,15 @@ def main(argv: list[str] | None = None) -> None:
             style = "o-" if len(points) > 1 else "s"
             for row, key in ((0, 2), (1, 3)):
                 axes[row][col].plot([p[1] for p in points], [p[key] for p in points], style, color=colours[label], label=label)
-        meta = data["meta"]
-        axes[0][col].set(title=f"{meta['dataset']} ({meta['split']} split, {meta['count']} prompts)",
+        meta, model = data["meta"], data.get("run", {}).get("model") or "smollm2-135m-instruct"
+        axes[0][col].set(title=f"{model}: {meta['dataset']} ({meta['split']} split, {meta['count']} prompts)",
                          ylabel="mean KL vs full prefill (lower is better)")
         axes[0][col].set_ylim(bottom=0)
         axes[1][col].set(xlabel="prefill speedup over full prefill", ylabel="answer F1 vs full prefill")
         axes[1][col].set_ylim(0, 1.02)
     handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
-    fig.legend([handles[label] for label in labels], labels, loc="lower center", ncol=2, fontsize=8)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend([handles[label] for label in labels], labels, loc="lower center", ncol=2 if wide else 1, fontsize=8)
+    fig.tight_layout(rect=(0, 0.1 if wide else 0.2, 1, 1))
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
     record.write(args.run_file, {"out": str(out), "inputs": paths})
