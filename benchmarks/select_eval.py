@@ -78,6 +78,24 @@ for _k in (1, 2, 4):
     METHODS[f"nb{_k} deviation kv"] = (BlendConfig(measure="kv", neighbours=_k), None)
 
 
+# the two-stage question selector (ProphetKV-style: a full-reuse pass scores each reused token by the
+# question's attention over every layer, then the top share is recomputed from layer 0;
+# docs/QUESTION-SELECTOR.md). Check layers play no part, only the ratio does.
+_Q = dict(selector="question", neighbours=1)
+METHODS["nb1 question"] = (BlendConfig(**_Q), None)
+METHODS["nb1 question max"] = (BlendConfig(**_Q, question_heads="max"), None)
+METHODS["nb1 question last3"] = (BlendConfig(**_Q, question_layers="last_third"), None)
+METHODS["nb1 question last"] = (BlendConfig(**_Q, question_layers="last"), None)
+METHODS["nb1 question chunk"] = (BlendConfig(**_Q, question_per_chunk=True), None)
+METHODS["nb1 question max last3"] = (BlendConfig(**_Q, question_heads="max", question_layers="last_third"), None)
+METHODS["nb1 question+sinks2"] = (BlendConfig(**_Q, sinks=2), None)
+METHODS["nb1 question 30%"] = (BlendConfig(**_Q, ratios=(0.3,)), None)
+# stage 1's score and the KV deviation at check layer 1 (after deviation's layer-0 prelude), by weighted rank
+_QD = dict(selector="question+deviation", neighbours=1)
+METHODS["nb1 question+deviation"] = (BlendConfig(**_QD), None)
+METHODS["nb1 question+deviation last3"] = (BlendConfig(**_QD, question_layers="last_third"), None)
+METHODS["nb1 question+deviation 0.3"] = (BlendConfig(**_QD, question_weight=0.3), None)
+
 # "nbK" engines keep lead records (BlendConfig.lead_alone, the default): the prompt's first chunk
 # reads its KV warmed alone. "nbK plain ..." reads the KV warmed behind neighbours for every chunk.
 for _k in (1, 2):
