@@ -43,8 +43,9 @@ out = []
 for ex in examples:
     for ratio in (args["ratio"], 1.0):
         pre = engine.prefill(chunks=ex.passages, query=ex.question, recompute_ratio=ratio)
+        answer = engine.generate_from(pre, max_new_tokens=args["answer_tokens"]).token_ids  # greedy
         out.append({"ratio": ratio, "logits": pre.output.logits.cpu(), "kv": [(k.cpu(), v.cpu()) for k, v in pre.output.kv],
-                    "recomputed": pre.stats.recomputed_tokens, "cached": pre.stats.cached_tokens})
+                    "recomputed": pre.stats.recomputed_tokens, "cached": pre.stats.cached_tokens, "answer": answer})
 torch.save(out, args["out"])
 """
 
@@ -53,7 +54,8 @@ def run_side(source: Path, args: argparse.Namespace, work: Path, name: str) -> t
     """Runs the child in ``source``'s tree; returns {record path: sha256} of its store and its outputs file."""
     store, out = work / f"{name}-store", work / f"{name}.pt"
     spec = {"model": args.model, "chunk_tokens": args.chunk_tokens, "prompts": args.prompts, "chunks": args.chunks,
-            "ratio": args.ratio, "threads": args.threads, "store": str(store), "out": str(out)}
+            "ratio": args.ratio, "threads": args.threads, "store": str(store), "out": str(out),
+            "answer_tokens": args.answer_tokens}
     env = dict(os.environ, PYTHONPATH=f"{source / 'core'}{os.pathsep}{source}", HF_HUB_OFFLINE="1")
     subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], check=True, env=env, cwd=source)
     records = {str(p.relative_to(store)): record_digest(p.read_bytes())
@@ -90,6 +92,7 @@ def max_diff(a: list[dict], b: list[dict]) -> tuple[float, bool]:
         diffs += [(p - q).abs().max() for kx, ky in zip(x["kv"], y["kv"]) for p, q in zip(kx, ky)]
         worst = max(worst, float(torch.stack([d.float() for d in diffs]).max()))
         same_stats &= (x["recomputed"], x["cached"]) == (y["recomputed"], y["cached"])
+        same_stats &= x.get("answer") == y.get("answer")  # the greedy answer decoded from the prefill
     return worst, same_stats
 
 
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk-tokens", type=int, default=256, help="pydoc passages of at most this, at least 3/4 of it")
     ap.add_argument("--ratio", type=float, default=0.15)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each side (the same on both)")
+    ap.add_argument("--answer-tokens", type=int, default=32, help="greedy tokens decoded from each prefill")
     args = ap.parse_args(argv)
     if args.quick:
         args.ref, args.prompts, args.chunks, args.chunk_tokens = "HEAD", 1, 2, 96
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
               "same_stats": same_stats}
     print(f"records: {len(old_records)} at {args.ref}, {len(new_records)} in the working tree, {len(differing)} differ")
     print(f"prefill outputs (ratio {args.ratio} and 1.0, {args.prompts} prompt(s)): max |diff| {diff:.3g}; "
-          f"stats {'equal' if same_stats else 'DIFFER'}")
+          f"stats and greedy answers {'equal' if same_stats else 'DIFFER'}")
     record.write(args.run_file, result)
     if differing or diff != 0.0 or not same_stats:
         sys.exit(1)

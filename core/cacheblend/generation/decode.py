@@ -17,6 +17,7 @@ import torch
 
 from ..blending.blend import BlendOutput
 from ..models.adapter import ModelAdapter
+from .batch import SlotKV
 from ..result import BlendStats, Generation
 
 
@@ -207,14 +208,16 @@ class GenerationStream:
         pre = prefill(started)
         stats, n = replace(pre.stats), len(pre.ids)
         limit = min(decoding.max_new_tokens, window - n)
-        cache, tracker = pre.cache(), TextTracker(tokenizer, decoding.stop)
-        position = n
+        tracker, slots = TextTracker(tokenizer, decoding.stop), None
 
         def step(token: int) -> torch.Tensor:
-            nonlocal position
-            logits = pre.adapter.forward(torch.tensor([[token]], device=pre.ids.device), cache, position)
-            position += 1
-            return logits
+            """One decode step through the batched step the server runs (a batch of one); the
+            prompt's KV is copied into its slot at the first step, after the first token."""
+            nonlocal slots
+            if slots is None:
+                slots = SlotKV(pre.adapter, 1)
+                slots.add(pre.output.kv)
+            return slots.step([token])[0]
 
         stats.finish_reason = "length"
         for i, token in enumerate(decode_tokens(step, pre.output.logits, decoding.sampling, limit)):

@@ -179,13 +179,6 @@ class ModelAdapter:
             layer.keys, layer.values = k, v
         return cache
 
-    @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: Any, start: int) -> torch.Tensor:
-        """Runs ids [1, n] at positions start.. with the HF model; last-token logits [vocab] fp32."""
-        pos = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
-        out = self.model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float()
-
 
 class Qwen3Adapter(ModelAdapter):
     """Qwen3 adds an RMSNorm over head_dim to q and k before RoPE."""

@@ -36,7 +36,7 @@ import torch
 from ..generation.decode import Sampling, TextTracker
 from ..prompts.prepared import ContextLengthError
 from ..result import BlendStats
-from .batch import SlotKV
+from ..generation.batch import SlotKV
 from .metrics import Metrics
 
 

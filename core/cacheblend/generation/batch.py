@@ -1,4 +1,8 @@
-"""Batched decoding: one forward per step for every active sequence.
+"""Batched decoding: one forward per step for every active sequence; the only decode step.
+
+The library's ``GenerationStream`` decodes through it with one slot, the server's scheduler
+with one slot per active request, so both share one decode path (transformers' own ``forward``
+stays only as the tests' reference and in ``Prefilled.continuation_logits``, a quality measure).
 
 Each active sequence owns a slot: one row of per-layer K/V buffers ``[slots, kv_heads, capacity,
 head_dim]`` holding its prompt's (blended) KV and every token decoded since. Active sequences are

@@ -6,7 +6,7 @@ from tiny_models import FAMILIES, tiny_model
 from transformers import AutoTokenizer
 
 from cacheblend import BlendConfig, BlendEngine
-from cacheblend.serving.batch import SlotKV
+from cacheblend.generation.batch import SlotKV
 
 STEPS = 12
 
