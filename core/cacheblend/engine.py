@@ -223,6 +223,7 @@ class BlendEngine:
         t = time.perf_counter()
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
         stats = asm.stats(out.recomputed, cfg.recompute_ratio if not full else 1.0)
+        stats.first_stage_tokens = out.first_stage_rows
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started
         return Prefilled(self.adapter, asm.input.ids, out, stats)

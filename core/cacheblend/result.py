@@ -13,6 +13,8 @@ class BlendStats:
     recomputed_tokens: prompt tokens computed through the last layer (every uncached token plus
         the selected reused ones). reused + recomputed == prompt_tokens.
     cached_tokens: prompt tokens covered by chunk hits (before selection).
+    first_stage_tokens: rows a two-stage selector's first pass (``selector="question"``) computed
+        through every layer before choosing what to recompute (0 for one-pass selectors).
     load_s: time spent reading chunk KV from the stores (part of ttft_s).
     ttft_s: from the call to the first generated token.
     """
@@ -23,6 +25,7 @@ class BlendStats:
     cached_tokens: int = 0
     chunk_hits: int = 0
     chunk_misses: int = 0
+    first_stage_tokens: int = 0
     completion_tokens: int = 0
     recompute_ratio: float = 1.0
     load_s: float = 0.0
