@@ -27,7 +27,7 @@ from .models import bundled
 from .models.adapter import adapt
 from .models.loading import load_pretrained
 from .neighbours import NeighbourIndex
-from .prompts.assemble import assemble
+from .prompts.assemble import assemble, chunk_encodings
 from .prompts.finder import ChunkFinder
 from .prompts.prepared import Request, RequestBuilder
 from .prompts.request import clean_chunk, has_chat_template, render_chat
@@ -216,9 +216,13 @@ class BlendEngine:
         cfg = self._call_config(config)
         cfg = cfg.with_ratio(ratio) if ratio is not None else cfg
         full = cfg.recompute_ratio >= 1.0 or cfg.selector == "all"
+        chunks = [] if full else chunk_encodings(request.text, self.encode_chunk)
+        t = time.perf_counter()
         with self._lock:
-            asm = assemble(request.text, request.encoding, self.encode_chunk, None if full else self._lookup,
-                           self.adapter.device)
+            records = self._lookup([c.ids for c in chunks]) if chunks else []  # one call: one round trip per tier
+        lookup_s = time.perf_counter() - t
+        asm = assemble(request.text, request.encoding, chunks, records, self.adapter.device)
+        asm.load_s += lookup_s  # reading the records, then gathering them (assemble's part)
         selector = self.selector if self.selector is not None else make_selector(cfg)
         t = time.perf_counter()
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)

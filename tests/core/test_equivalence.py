@@ -4,7 +4,7 @@ and a chunk computed behind the same context is exact at any ratio."""
 import pytest
 import torch
 
-from cacheblend.prompts.assemble import assemble
+from cacheblend.prompts.assemble import assemble, chunk_encodings
 from cacheblend.blending.blend import blend_prefill
 from cacheblend.prompts.finder import Span
 from cacheblend.prompts.request import PromptText
@@ -38,7 +38,8 @@ def assert_kv_close(ours, reference, tol):
 
 def assembled(engine, text: PromptText):
     encoding = encode_prompt(engine.tokenizer, text.text)
-    return assemble(text, encoding, engine.encode_chunk, engine._lookup, engine.adapter.device)
+    chunks = chunk_encodings(text, engine.encode_chunk)
+    return assemble(text, encoding, chunks, engine._lookup([c.ids for c in chunks]), engine.adapter.device)
 
 
 def blend(engine, text, schedule, selector):

@@ -66,27 +66,30 @@ def aligned_rows(prompt: Encoding, span: Span, chunk: Encoding) -> tuple[list[in
     return at
 
 
+def chunk_encodings(prompt: PromptText, encode_chunk: Callable[[str], Encoding]) -> list[Encoding]:
+    """Each chunk span's own encoding (the ids it was warmed with), in prompt order: what the
+    caller looks the chunks' records up by."""
+    return [encode_chunk(span.text) for span in prompt.chunks]
+
+
 def assemble(
     prompt: PromptText,
     encoding: Encoding,
-    encode_chunk: Callable[[str], Encoding],
-    lookup: Callable[[list[list[int]]], list[ChunkRecord | None]] | None,
+    chunks: list[Encoding],
+    records: list[ChunkRecord | None],
     device: torch.device,
 ) -> Assembled:
-    """The blend input of ``prompt`` (tokenized as ``encoding``), the KV of all its chunks fetched
-    with one call of ``lookup`` (so a remote tier answers a prompt in one round trip).
-
-    ``lookup`` is None for a full prefill (nothing is read). The cached tensor holds zeros in
-    uncached rows.
+    """The blend input of ``prompt`` (tokenized as ``encoding``) from data only: ``chunks`` the
+    encodings of its chunk spans and ``records`` what the stores hold for each (None: a miss), in
+    prompt order. Empty lists for a full prefill (nothing is read). The cached tensor holds zeros
+    in uncached rows; ``load_s`` counts the gather here (the caller adds its lookup time).
     """
     n = len(encoding.ids)
     if n == 0:
         raise ValueError("the prompt is empty")
-    spans = list(prompt.chunks) if lookup is not None else []
-    chunks = [encode_chunk(span.text) for span in spans]
-    t = time.perf_counter()
-    records = lookup([chunk.ids for chunk in chunks]) if chunks else []
-    load_s = time.perf_counter() - t
+    if len(chunks) != len(records) or (chunks and len(chunks) != len(prompt.chunks)):
+        raise ValueError(f"{len(records)} records for {len(chunks)} chunk encodings of {len(prompt.chunks)} spans")
+    spans = list(prompt.chunks) if chunks else []
     found: list[tuple[ChunkRecord, list[int], list[int]]] = []
     hits = misses = 0
     for span, chunk, record in zip(spans, chunks, records):
@@ -102,7 +105,7 @@ def assemble(
     for _, rows, chunk_rows in found:
         reused[rows] = True
         offsets[rows] = torch.tensor(chunk_rows)
-    load_s += time.perf_counter() - t
+    load_s = time.perf_counter() - t
     blend_input = BlendInput(
         ids=torch.tensor(encoding.ids, dtype=torch.long, device=device),
         reused=reused.to(device),
