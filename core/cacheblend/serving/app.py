@@ -19,12 +19,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..prompts.prepared import ContextLengthError
 from . import openapi
-
 from .metrics import Metrics
 from .protocol import APIError, bad, parse_chat, parse_completion, parse_documents
 from .responses import Formatter, sse
-from .scheduler import ContextLengthExceeded, Event, Job, QueueFull, Scheduler
+from .scheduler import Event, Job, QueueFull, Scheduler
 
 RETRY_AFTER_S = 1
 _POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
@@ -244,8 +244,9 @@ async def _stream(events: asyncio.Queue, job: Job, fmt: Formatter, include_usage
 def _api_error(exc: Exception) -> APIError:
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, ContextLengthExceeded):
-        return bad(str(exc), "messages", code="context_length_exceeded")
+    if isinstance(exc, ContextLengthError):  # the engine's, worded as OpenAI's
+        return bad(f"This model's maximum context length is {exc.window} tokens. "
+                   f"However, your prompt has {exc.tokens} tokens.", "messages", code="context_length_exceeded")
     if isinstance(exc, ValueError):
         return bad(str(exc))
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")

@@ -15,9 +15,9 @@ def cmd_serve(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from ..stores.redis import is_redis_url
+    from ..stores import is_shared_location
 
-    remote = is_redis_url(args.store)
+    remote = is_shared_location(args.store)  # a server every replica reads, whatever its scheme
     store = None if args.store.lower() == "none" else args.store if remote else Path(args.store).expanduser()
     from ..config import BlendConfig
 
@@ -25,7 +25,7 @@ def cmd_serve(args) -> int:
     engine = BlendEngine.from_pretrained(args.model, device=args.device, store_dir=store, config=config)
     app = create_app(
         engine,
-        store_dir=None if remote else store,  # warm() writes through to every attached Redis store
+        store_dir=None if remote else store,  # warm() writes through to every attached shared tier
         api_key=args.api_key or None,
         model_names=[args.served_model_name or args.model],
         limits=SchedulerLimits(

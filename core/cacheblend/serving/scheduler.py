@@ -34,7 +34,6 @@ from typing import Any
 import torch
 
 from ..generation.decode import Sampling, TextTracker
-from ..prompts.prepared import ContextLengthError
 from ..result import BlendStats
 from ..generation.batch import SlotKV
 from .metrics import Metrics
@@ -42,10 +41,6 @@ from .metrics import Metrics
 
 class QueueFull(Exception):
     """The scheduler's queue is full; the request should be retried later."""
-
-
-class ContextLengthExceeded(ValueError):
-    """The prompt does not fit in the model's context window."""
 
 
 @dataclass
@@ -212,13 +207,7 @@ class Scheduler:
         try:
             if job.documents:
                 engine.warm(job.documents)
-            try:
-                request = engine.request(job.prompt)  # searched for chunks and tokenized once
-            except ContextLengthError as exc:
-                raise ContextLengthExceeded(
-                    f"This model's maximum context length is {exc.window} tokens. "
-                    f"However, your prompt has {exc.tokens} tokens."
-                ) from None
+            request = engine.request(job.prompt)  # searched for chunks and tokenized once
             n = len(request.ids)
             pre = engine.prefill(request, recompute_ratio=job.recompute_ratio)
         except Exception as exc:  # bad input or a model failure: the request fails, the server goes on
