@@ -29,7 +29,6 @@ import torch
 from ..blending.blend import BlendInput, blend_prefill
 from ..blending.encode import encode_chunks
 from ..blending.selection import NoneSelector
-from ..config import BlendConfig
 from ..engine import BlendEngine
 from ..generation.decode import Prefilled
 from ..result import BlendStats
