@@ -18,6 +18,8 @@ MAX_NEIGHBOURS = 8
 # What keys the KV: fixed per engine (they are in every chunk's fingerprint and decide what warm
 # stores). Every other field is a per-call blend knob that a prefill's ``config=`` may change.
 KV_FIELDS = ("chunk_context", "neighbours", "lead_alone", "kv_dtype")
+# What an adaptive budget (``recompute_ratio="auto"``) may read at the check layer (blending.budget)
+BUDGET_SIGNALS = ("deviation", "concentration", "attention_other", "attention_entropy", "cached_share", "chunks")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,12 @@ class BlendConfig:
             chunk rather than to the chunks the question reads most).
         question_weight: weight of the question rank against the deviation rank in
             ``question+deviation``.
+        auto_budget: the adaptive recompute budget (``with_ratio("auto")``, ``recompute_ratio="auto"``
+            on a prefill): at the check layer, before picking, ``blending.budget`` reads
+            ``auto_signal`` for the request and recomputes ``auto_max_ratio`` of the reused tokens when
+            it is at least ``auto_threshold``, ``auto_min_ratio`` otherwise (docs/ADAPTIVE-BUDGET.md).
+            One check layer; not with ``question`` (no check layer runs before its pick). ``ratios``
+            are then unused (``with_ratio(r)`` goes back to them).
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -101,6 +109,11 @@ class BlendConfig:
     question_heads: str = "mean"
     question_per_chunk: bool = False
     question_weight: float = 0.5
+    auto_budget: bool = False
+    auto_signal: str = "deviation"
+    auto_min_ratio: float = 0.05
+    auto_max_ratio: float = 0.3
+    auto_threshold: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))
@@ -138,16 +151,47 @@ class BlendConfig:
             raise ValueError(f"question_weight must be a number in [0, 1], got {self.question_weight!r}")
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
+        self._check_auto()
+
+    def _check_auto(self) -> None:
+        if not isinstance(self.auto_budget, bool):
+            raise ValueError(f"auto_budget must be True or False, got {self.auto_budget!r}")
+        _check_choice("auto_signal", self.auto_signal, BUDGET_SIGNALS)
+        for name in ("auto_min_ratio", "auto_max_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        if self.auto_min_ratio > self.auto_max_ratio:
+            raise ValueError(f"auto_min_ratio {self.auto_min_ratio} is above auto_max_ratio {self.auto_max_ratio}")
+        t = self.auto_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
+            raise ValueError(f"auto_threshold must be a number, got {t!r}")
+        if self.auto_budget and len(self.check_layers) != 1:
+            raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
+        if self.auto_budget and self.selector == "question":
+            raise ValueError("the auto budget reads its signal at a check layer; selector 'question' has none")
 
     @property
     def recompute_ratio(self) -> float:
-        """The fraction of reused tokens recomputed through the last layers."""
-        return self.ratios[-1]
+        """The fraction of reused tokens recomputed through the last layers. With ``auto_budget``
+        the least the policy may pick (``auto_min_ratio``); the blend reports the one it picked
+        (``BlendOutput.ratio``, ``BlendStats.recompute_ratio``)."""
+        return self.auto_min_ratio if self.auto_budget else self.ratios[-1]
 
-    def schedule(self) -> dict[int, float]:
-        """Check layer -> ratio. An all-zero schedule is full reuse from layer 0 (no prelude)."""
-        if not any(self.ratios) or self.selector == "none":
+    def auto(self) -> AutoRatio | None:
+        """The auto budget's policy, None for a fixed ratio."""
+        if not self.auto_budget:
+            return None
+        return AutoRatio(self.auto_signal, float(self.auto_min_ratio), float(self.auto_max_ratio), float(self.auto_threshold))
+
+    def schedule(self) -> dict[int, float | AutoRatio]:
+        """Check layer -> ratio (an ``AutoRatio`` with ``auto_budget``: the blend picks it per
+        request). An all-zero schedule is full reuse from layer 0 (no prelude)."""
+        if self.selector == "none" or (not self.auto_budget and not any(self.ratios)) or \
+                (self.auto_budget and self.auto_max_ratio == 0):
             return {0: 0.0}
+        if self.auto_budget:
+            return {self.check_layers[0]: self.auto()}
         return dict(zip(self.check_layers, self.ratios))
 
     def check_model_layers(self, num_layers: int) -> None:
@@ -164,24 +208,42 @@ class BlendConfig:
         configured with ``other`` can take (``engine.prefill(config=cfg.with_kv_of(engine.config))``)."""
         return replace(self, **{f: getattr(other, f) for f in KV_FIELDS})
 
-    def with_ratio(self, ratio: float) -> BlendConfig:
-        """This config with its final recompute ratio set to ``ratio``.
+    def with_ratio(self, ratio: float | str) -> BlendConfig:
+        """This config with its final recompute ratio set to ``ratio``, or ``"auto"``: the adaptive
+        budget (``auto_budget``, within ``auto_min_ratio``..``auto_max_ratio``).
 
-        A gradual schedule keeps its shape: every ratio is scaled by ``ratio / recompute_ratio``
+        A gradual schedule keeps its shape: every ratio is scaled by ``ratio / ratios[-1]``
         (capped at 1). From a schedule ending in 0, the earlier ratios are kept at least ``ratio``.
         """
+        if ratio == "auto":
+            return replace(self, auto_budget=True)
         _check_ratio(ratio)
-        last = self.recompute_ratio
+        last = self.ratios[-1]
         if last > 0:
             ratios = tuple(min(1.0, r * ratio / last) for r in self.ratios)
         else:
             ratios = tuple(max(r, ratio) for r in self.ratios)
-        return replace(self, ratios=ratios[:-1] + (ratio,))
+        return replace(self, ratios=ratios[:-1] + (ratio,), auto_budget=False)
+
+
+@dataclass(frozen=True)
+class AutoRatio:
+    """A schedule entry that the blend resolves per request (``blending.budget.resolve``): at the
+    check layer it reads ``signal`` and keeps ``max_ratio`` of the reused tokens when the value is
+    at least ``threshold``, ``min_ratio`` otherwise."""
+
+    signal: str
+    min_ratio: float
+    max_ratio: float
+    threshold: float
+
+    def ratio(self, value: float) -> float:
+        return self.max_ratio if value >= self.threshold else self.min_ratio
 
 
 def _check_ratio(ratio: float) -> None:
-    if not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) <= 1.0 or ratio != ratio:
-        raise ValueError(f"a recompute ratio must be a number in [0, 1], got {ratio!r}")
+    if isinstance(ratio, str) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) <= 1.0 or ratio != ratio:
+        raise ValueError(f"a recompute ratio must be a number in [0, 1] or \"auto\", got {ratio!r}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

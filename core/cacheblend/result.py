@@ -15,6 +15,10 @@ class BlendStats:
     cached_tokens: prompt tokens covered by chunk hits (before selection).
     first_stage_tokens: rows a two-stage selector's first pass (``selector="question"``) computed
         through every layer before choosing what to recompute (0 for one-pass selectors).
+    recompute_ratio: the share of reused tokens recomputed that the blend used (with
+        ``recompute_ratio="auto"`` the one it chose for this request, within the config's bounds).
+    budget_signal: with the auto budget, the value of the signal that chose it (None otherwise;
+        ``BlendConfig.auto_signal``, docs/ADAPTIVE-BUDGET.md).
     load_s: time spent reading chunk KV from the stores (part of ttft_s).
     ttft_s: from the call to the first generated token.
     """
@@ -28,6 +32,7 @@ class BlendStats:
     first_stage_tokens: int = 0
     completion_tokens: int = 0
     recompute_ratio: float = 1.0
+    budget_signal: float | None = None
     load_s: float = 0.0
     prefill_s: float = 0.0
     ttft_s: float = 0.0

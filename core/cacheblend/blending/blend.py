@@ -13,15 +13,13 @@ For a prompt whose tokens are partly covered by cached chunk KV (keys stored bef
    selection, which compares them with the stored K/V); attention for the active rows runs
    over it with an exact causal mask by position.
 
-With ratio 1.0 every token stays active and the result is a full prefill; with ratio 0.0 only
-uncached tokens are recomputed (full reuse).
+Ratio 1.0 is a full prefill, 0.0 full reuse (only uncached tokens are recomputed). An ``AutoRatio``
+in the schedule is resolved per request at its check layer, before the pick (``budget.py``).
 
 A two-stage selector (``two_stage``: ``QuestionSelector``) changes the order. Stage 1 is the
-full-reuse pass (ratio 0.0 from layer 0: no layer-0 prelude over every token) that at each layer
-also scores the attention the question's rows pay every prompt key; stage 2 starts again at
-layer 0 and runs step 3 from there, over stage 1's caches (the cached K/V realigned), with the rows
-the selector picks by the fused score. Check layers play no part; the schedule's last ratio is
-the recompute ratio.
+full-reuse pass (ratio 0.0 from layer 0: no layer-0 prelude) that at each layer also scores the
+attention the question's rows pay every prompt key; stage 2 runs step 3 from layer 0, over stage
+1's caches, with the rows the selector picks by the fused score (the schedule's last ratio).
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.adapter import ModelAdapter
+from .budget import resolve
 from .feed import LayerFeed
 from .rope import RopeTables, apply_rope, realign
 from .rows import RowPlan, attend_rows
@@ -63,7 +62,9 @@ class BlendOutput:
     A two-stage blend also reports its first stage (zeros and [] otherwise): first_stage_rows, the
     rows stage 1 computed through the last layer (the uncached rows and the last row);
     first_stage_per_layer, its rows per layer; question_rows, the rows whose attention over all N
-    keys it scored at each of question_layers (the layers the selector fuses)."""
+    keys it scored at each of question_layers (the layers the selector fuses). With an auto budget
+    (``AutoRatio`` in the schedule, ``budget.py``): ratio, the one it chose, and budget_signal, the
+    signal it read (None otherwise)."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     logits: torch.Tensor
@@ -73,6 +74,8 @@ class BlendOutput:
     first_stage_per_layer: list[int] = field(default_factory=list)
     question_rows: int = 0
     question_layers: list[int] = field(default_factory=list)
+    ratio: float | None = None
+    budget_signal: float | None = None
 
 
 def budget_for(ratio: float, num_reused: int) -> int:
@@ -121,7 +124,7 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
     rows = _Rows.at(pos, tables)
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-    active_per_layer = []
+    active_per_layer, auto = [], {}  # auto: what an auto budget chose (budget.resolve)
     for layer in range(model.num_layers):
         cos, sin = tables.layer(layer)  # [N, d]: this layer's rotary geometry
         x = model.attn_input(layer, h)  # [1, n, hidden]
@@ -137,7 +140,9 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
                 cached = inp.cached[layer].to(inp.ids.device) if layer in schedule else None
             if layer in schedule:
                 here = _CheckLayer(model, layer, x, k, v, cached, layer_kv)
-                pick = check.pick(here, rows, budget_for(schedule[layer], check.num_reused))  # into active
+                ratio, signal = resolve(schedule[layer], here, check, rows)  # an AutoRatio: per request
+                auto = auto if signal is None else dict(ratio=ratio, budget_signal=signal)
+                pick = check.pick(here, rows, budget_for(ratio, check.num_reused))  # into active
                 if fresh_check:  # every active row has fresh K/V: all of them stay in the cache
                     _write(layer_kv, k, v, rows, layer)
                 rows, x, h = rows.take(pick, tables), x[:, pick], h[:, pick]
@@ -151,7 +156,7 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
         kv.append((keys, values))
         active_per_layer.append(rows.active.shape[0])
     logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
-    return BlendOutput(kv=kv, logits=logits, recomputed=active_per_layer[-1], active_per_layer=active_per_layer)
+    return BlendOutput(kv=kv, logits=logits, recomputed=active_per_layer[-1], active_per_layer=active_per_layer, **auto)
 
 
 def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
@@ -166,7 +171,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     if inp.cached is None or num_reused == 0 or not schedule:
         return _blend(model, inp, selector, {})  # nothing to reuse: a full prefill
     ratio = schedule[max(schedule)]  # the last check layer's: the recompute ratio
-    if budget_for(ratio, num_reused) == 0:
+    if budget_for(getattr(ratio, "max_ratio", ratio), num_reused) == 0:  # an AutoRatio: its most
         return _blend(model, inp, NoneSelector(), {0: 0.0})  # full reuse
     asked = QuestionScore(model, _Check.of(inp, selector).asking, selector.fusion)
     first = _blend(model, inp, NoneSelector(), {0: 0.0}, observe=asked)
