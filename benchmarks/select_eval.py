@@ -28,6 +28,7 @@ from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_worklo
 from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import token_f1
 from runfile import DEFAULT_MODEL, RunRecord, add_common
+from cacheblend.prefilling import Prefiller
 from cacheblend.blending.selection import (
     ChunkStartSelector,
     CombinedSelector,
@@ -175,63 +176,57 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         started = time.time()
         eng.warm(pool, progress=False)
         log(f"warmed {len(pool)} passages behind {k} neighbours in {time.time() - started:.0f} s", flush=True)
-    ladders = {n: _ladder_engine(LADDERS[n], engines, model, tok) for n in names if n in LADDERS}
-    ladders.update({n: _mix_engine(MIXES[n], engines[1], model, tok) for n in names if n in MIXES})
+    ladders = {n: _ladder_records(LADDERS[n], engines) for n in names if n in LADDERS}  # records functions
+    ladders.update({n: _mix_records(MIXES[n], engines[1]) for n in names if n in MIXES})
     views = {}  # plain methods: an engine without lead records over the same stores
     for n in names:
         if METHODS[n][0].neighbours and not METHODS[n][0].lead_alone:
             views[n] = BlendEngine(model, tok, config=METHODS[n][0], memory_bytes=1 << 20)
             views[n].stores = engines[METHODS[n][0].neighbours].stores
-    default_cfg = engine.config
     keys = ("right", "agree", "f1", "top1", "kl", "share", "time")
     rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
     started = time.time()
-    try:
-        for i, q in enumerate(qs):
-            req = dict(chunks=q.passages, query=q.question, prefix=PREFIX)
-            full = engine.prefill(**req, recompute_ratio=1.0)
-            ref = engine.generate_from(full, max_new_tokens=answer_tokens, stop=STOP)
-            _record(rows["full prefill"], (_right(ref.text, q.answers), True, 1.0, 1.0, 0.0, 1.0, 1.0))
-            p = torch.log_softmax(full.continuation_logits(ref.token_ids), dim=-1)  # [T+1, vocab]
-            ends_eos = ref.stats.finish_reason == "stop" and p[-1].argmax().item() in engine.eos_ids
-            for name in names:
-                cfg, sel = METHODS[name]
-                eng = ladders.get(name) or views.get(name) or engines[cfg.neighbours]
-                if isinstance(sel, OracleSelector):
-                    eng.config, eng.selector = cfg.with_ratio(0.0), None
-                    sel.set_reference(full, eng.prefill(**req))
-                eng.config, eng.selector = cfg, sel
-                pre = eng.prefill(**dict(req, chunks=REORDERS[name](q.passages))) if name in REORDERS else eng.prefill(**req)
-                kl, top1, same = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
-                text = ref.text if same else engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP).text
-                share = pre.stats.recomputed_tokens / pre.stats.prompt_tokens
-                ratio = pre.stats.prefill_s / full.stats.prefill_s
-                f1 = token_f1(text, ref.text)
-                _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio))
-            if (i + 1) % 10 == 0 and i + 1 < len(qs):  # partial tables: a long run can be cut short
-                log(f"{table(summarize(rows), i + 1)}\n{time.time() - started:.0f} s\n", flush=True)
-    finally:
-        engine.config, engine.selector = default_cfg, None
+    for i, q in enumerate(qs):
+        req = dict(chunks=q.passages, query=q.question, prefix=PREFIX)
+        full = engine.prefill(**req, recompute_ratio=1.0)
+        ref = engine.generate_from(full, max_new_tokens=answer_tokens, stop=STOP)
+        _record(rows["full prefill"], (_right(ref.text, q.answers), True, 1.0, 1.0, 0.0, 1.0, 1.0))
+        p = torch.log_softmax(full.continuation_logits(ref.token_ids), dim=-1)  # [T+1, vocab]
+        ends_eos = ref.stats.finish_reason == "stop" and p[-1].argmax().item() in engine.eos_ids
+        for name in names:
+            cfg, sel = METHODS[name]
+            eng = views.get(name) or engines[cfg.neighbours]
+            records = ladders.get(name) or eng.records
+            if isinstance(sel, OracleSelector):
+                sel.set_reference(full, Prefiller(eng.adapter, eng.encode_chunk, records, cfg.with_ratio(0.0)).run(
+                    engine.request(**req)))
+            asked = dict(req, chunks=REORDERS[name](q.passages)) if name in REORDERS else req
+            pre = Prefiller(eng.adapter, eng.encode_chunk, records, cfg, sel).run(engine.request(**asked))
+            kl, top1, same = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
+            text = ref.text if same else engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP).text
+            share = pre.stats.recomputed_tokens / pre.stats.prompt_tokens
+            ratio = pre.stats.prefill_s / full.stats.prefill_s
+            f1 = token_f1(text, ref.text)
+            _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio))
+        if (i + 1) % 10 == 0 and i + 1 < len(qs):  # partial tables: a long run can be cut short
+            log(f"{table(summarize(rows), i + 1)}\n{time.time() - started:.0f} s\n", flush=True)
     return rows
 
 
-def _ladder_engine(steps: tuple[int, ...], engines: dict, model, tok) -> BlendEngine:
-    """An engine whose i-th prompt chunk reads the KV warmed behind ``steps[min(i, len(steps) - 1)]``
-    neighbours (the plain records of that engine)."""
-    ladder = BlendEngine(model, tok, config=BlendConfig(neighbours=max(steps)), memory_bytes=1 << 20)
+def _ladder_records(steps: tuple[int, ...], engines: dict):
+    """A records function whose i-th prompt chunk reads the KV warmed behind
+    ``steps[min(i, len(steps) - 1)]`` neighbours (the plain records of that engine)."""
 
     def lookup(chunks):
         picks = [engines[steps[min(i, len(steps) - 1)]] for i in range(len(chunks))]
         return [e.stores.get(chunk_key(e.fingerprint, c)) for e, c in zip(picks, chunks)]
 
-    ladder._lookup = lookup
-    return ladder
+    return lookup
 
 
-def _mix_engine(alpha: float, warmed: BlendEngine, model, tok) -> BlendEngine:
-    """An engine over ``warmed``'s records (1 neighbour, with lead records) whose chunks after the
-    first read ``lead + alpha * (plain - lead)``."""
-    mixed = BlendEngine(model, tok, config=warmed.config, memory_bytes=1 << 20)
+def _mix_records(alpha: float, warmed: BlendEngine):
+    """A records function over ``warmed``'s records (1 neighbour, with lead records) whose chunks
+    after the first read ``lead + alpha * (plain - lead)``."""
 
     def lookup(chunks):
         records = []
@@ -244,8 +239,7 @@ def _mix_engine(alpha: float, warmed: BlendEngine, model, tok) -> BlendEngine:
             records.append(ChunkRecord(plain.key, kv.to(plain.kv.dtype), plain.text))
         return records
 
-    mixed._lookup = lookup
-    return mixed
+    return lookup
 
 
 def _right(text: str, answers: list[str]) -> float | None:

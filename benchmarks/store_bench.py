@@ -70,7 +70,7 @@ def drop_page_cache(disk: DiskStore, keys: list[str]) -> None:
 
 
 def load_times(engine: BlendEngine, disk: DiskStore, remote, passages: list[str], repeats: int) -> dict[str, float]:
-    """Median seconds to read a prompt's chunk records the way its prefill does (``engine._lookup``:
+    """Median seconds to read a prompt's chunk records the way its prefill does (``engine.records``:
     the first chunk's lead record, the others' records warmed behind neighbours) with only one
     tier holding them."""
     chain, out = engine.stores, {}
@@ -86,7 +86,7 @@ def load_times(engine: BlendEngine, disk: DiskStore, remote, passages: list[str]
             if tier == "cold disk":
                 drop_page_cache(disk, keys)
             t = time.perf_counter()
-            got = engine._lookup(chunks)
+            got = engine.records(chunks)
             times.append(time.perf_counter() - t)
             assert all(r is not None for r in got), f"{tier}: a chunk is missing"
         out[tier] = statistics.median(times)

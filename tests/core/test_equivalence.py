@@ -39,7 +39,7 @@ def assert_kv_close(ours, reference, tol):
 def assembled(engine, text: PromptText):
     encoding = encode_prompt(engine.tokenizer, text.text)
     chunks = chunk_encodings(text, engine.encode_chunk)
-    return assemble(text, encoding, chunks, engine._lookup([c.ids for c in chunks]), engine.adapter.device)
+    return assemble(text, encoding, chunks, engine.records([c.ids for c in chunks]), engine.adapter.device)
 
 
 def blend(engine, text, schedule, selector):

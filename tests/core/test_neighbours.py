@@ -155,14 +155,14 @@ def test_the_first_chunk_of_a_prompt_reads_its_lead_record(make_engine, tmp_path
     assert engine.fingerprint == plain.fingerprint  # the same records; lead ones are extra keys
     ids = _ids(engine, [BEES[0], SHIPS[2], SHIPS[0]])
     fp = engine.fingerprint
-    assert [r.key for r in engine._lookup(ids)] == [chunk_key(fp, i) for i in ids]  # no lead record yet
+    assert [r.key for r in engine.records(ids)] == [chunk_key(fp, i) for i in ids]  # no lead record yet
     assert engine.prefill(chunks=[BEES[0], SHIPS[2]], query="Which ship?").stats.chunk_hits == 2
     assert not engine.is_warm(BEES[0])
     engine.warm(SHIPS + BEES)
     ctx = len(engine.context_ids)
     assert engine.tokens_warmed == sum(ctx + len(i) for i in _ids(engine, SHIPS + BEES))  # the lead records only
     assert engine.is_warm(BEES[0])
-    assert [r.key for r in engine._lookup(ids)] == [chunk_key(fp, ids[0], LEAD), chunk_key(fp, ids[1]), chunk_key(fp, ids[2])]
+    assert [r.key for r in engine.records(ids)] == [chunk_key(fp, ids[0], LEAD), chunk_key(fp, ids[1]), chunk_key(fp, ids[2])]
 
 
 def test_bad_explicit_neighbours_are_refused_before_any_compute(make_engine):

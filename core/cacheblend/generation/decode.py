@@ -126,6 +126,7 @@ class Prefilled:
     ids: torch.Tensor
     output: BlendOutput
     stats: BlendStats
+    missed: list[str] = field(default_factory=list)  # texts of the chunks no tier held (warm on miss warms them)
 
     def cache(self) -> Any:
         """A fresh transformers cache over the prompt's KV, safe to extend: decoding appends into

@@ -1,0 +1,90 @@
+"""The request path: a validated ``Request``, its chunks' records, the blend, a ``Prefilled``.
+
+A ``Prefiller`` is built once per engine from what it needs: the model adapter, a tokenizer
+function for chunk spans, a ``records`` function (chunk ids in prompt order -> the records their
+places read, None for a miss) and the engine's config and selector. ``run`` takes one request:
+
+1. the chunk spans' own encodings (``prompts.assemble.chunk_encodings``), skipped for a full prefill;
+2. their records, in one call (one round trip per tier);
+3. ``assemble`` (pure: ids + cached rows), then ``blend_prefill`` (the algorithm, in
+   ``blending/blend.py``);
+4. the statistics, and the texts of the chunks that missed (``Prefilled.missed``: what warm on
+   miss warms later).
+
+A per-call ``config`` may change the blend knobs, never what keys the KV (a ValueError, not a
+silent ignore), and cannot switch away from a custom selector.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from .blending.blend import blend_prefill
+from .blending.selection import Selector, make_selector
+from .config import BlendConfig
+from .generation.decode import Prefilled
+from .models.adapter import ModelAdapter
+from .prompts.assemble import assemble, chunk_encodings
+from .prompts.prepared import Request
+from .prompts.tokenize import Encoding
+from .stores import ChunkRecord
+
+Records = Callable[[list[list[int]]], Sequence[ChunkRecord | None]]
+
+
+class Prefiller:
+    """Blended prefills of validated requests for one model; see the module docstring."""
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        encode_chunk: Callable[[str], Encoding],
+        records: Records,
+        config: BlendConfig,
+        selector: Selector | None = None,
+    ) -> None:
+        config.check_model_layers(adapter.num_layers)
+        self.adapter, self.encode_chunk, self.records = adapter, encode_chunk, records
+        self.config, self.selector = config, selector
+
+    def run(
+        self, request: Request, ratio: float | None = None, config: BlendConfig | None = None, started: float | None = None
+    ) -> Prefilled:
+        """The blended prefill of ``request``; ``ratio`` overrides the config's recompute ratio
+        (1.0: a full prefill, nothing read); ``started``: when the request arrived (for TTFT)."""
+        started = time.perf_counter() if started is None else started
+        cfg = self.call_config(config)
+        cfg = cfg.with_ratio(ratio) if ratio is not None else cfg
+        full = cfg.recompute_ratio >= 1.0 or cfg.selector == "all"
+        chunks = [] if full else chunk_encodings(request.text, self.encode_chunk)
+        t = time.perf_counter()
+        records = list(self.records([c.ids for c in chunks])) if chunks else []
+        lookup_s = time.perf_counter() - t
+        asm = assemble(request.text, request.encoding, chunks, records, self.adapter.device)
+        asm.load_s += lookup_s  # reading the records, then gathering them (assemble's part)
+        selector = self.selector if self.selector is not None else make_selector(cfg)
+        t = time.perf_counter()
+        out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
+        stats = asm.stats(out.recomputed, cfg.recompute_ratio if not full else 1.0)
+        stats.first_stage_tokens = out.first_stage_rows
+        stats.prefill_s = time.perf_counter() - t
+        stats.ttft_s = time.perf_counter() - started
+        missed = [span.text for span, rec in zip(request.text.chunks, records) if rec is None]
+        return Prefilled(self.adapter, asm.input.ids, out, stats, missed)
+
+    def call_config(self, config: BlendConfig | None) -> BlendConfig:
+        """The config of one call: ``config`` may change the blend knobs, never what keys the KV,
+        and not the selector of a prefiller built with a custom one."""
+        if config is None:
+            return self.config
+        diff = config.kv_differences(self.config)
+        if diff:
+            said = ", ".join(f"{f}={a!r} (the engine's: {b!r})" for f, (a, b) in diff.items())
+            raise ValueError(f"config= changes what keys the KV: {said}; that is fixed per engine (build one with "
+                             "it), or pass config.with_kv_of(engine.config) to change only the blend")
+        if self.selector is not None and config.selector != self.config.selector:
+            raise ValueError(f"this engine blends with a custom selector ({type(self.selector).__name__}); "
+                             f"config= cannot switch it to {config.selector!r}")
+        config.check_model_layers(self.adapter.num_layers)
+        return config
