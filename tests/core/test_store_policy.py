@@ -2,13 +2,18 @@
 and the static optimum on a Zipf-skewed retrieval trace; admission; bounded bookkeeping; the disk
 tier's byte budget."""
 
+import multiprocessing as mp
+import os
+import time
+import warnings
 from collections import OrderedDict
 
 import numpy as np
 import pytest
 import torch
 
-from cacheblend import ChunkRecord, MemoryStore
+from cacheblend import ChunkRecord, DiskStore, MemoryStore
+from cacheblend.stores import open_tier
 from cacheblend.stores.policy import Policy
 
 KEYS, LOOKUPS, PER_QUERY, BUDGET, ZIPF = 2000, 20_000, 6, 200, 1.1
@@ -117,3 +122,107 @@ def test_counts_age_and_the_bookkeeping_stays_bounded():
     policy.add("y", 40)
     assert policy.plan("z", 101) is None  # larger than the whole budget
     assert policy.plan("x", 60) == [] and policy.plan("z", 30) == ["x"]  # x: the older of two at count 0
+
+
+# -- the disk tier's byte budget ---------------------------------------------------------------
+FP = "d" * 64
+
+
+def disk_record(i: int) -> ChunkRecord:
+    return ChunkRecord(f"{i:064x}", torch.full((2, 2, 1, 8, 16), float(i)).half(), f"text {i}")
+
+
+def file_bytes(store) -> int:
+    return sum(p.stat().st_size for p in (store.dir / "kv").glob("*/*.safetensors"))
+
+
+def one_file(tmp_path) -> int:
+    probe = DiskStore(tmp_path / "probe", FP)
+    probe.put(disk_record(0))
+    return file_bytes(probe)
+
+
+def test_disk_budget_holds_keeps_hot_records_and_hides_none(tmp_path):
+    size = one_file(tmp_path)
+    store = DiskStore(tmp_path / "kv", FP, max_bytes=10 * size)
+    hot = [disk_record(i) for i in range(5)]
+    for rec in hot:
+        store.get(rec.key)
+        store.put(rec)
+    for _ in range(3):
+        store.get_many([r.key for r in hot])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an evicted record is a plain miss, never a warning
+        for i in range(5, 60):  # one-off chunks, each looked up (a miss) once, then put
+            assert store.get(disk_record(i).key) is None
+            store.put(disk_record(i))
+            assert file_bytes(store) <= 10 * size  # never over, even for a moment after a put
+        assert all(torch.equal(store.get(r.key).kv, r.kv) for r in hot)  # the hot set survived
+        assert store.get(disk_record(5).key) is None  # an early one-off: deleted (its text stays catalogued)
+        present = set(store._record_keys())
+        assert len(present) == 10 and store.evictions == 50 and store.rejected == 0
+        texts = set(store.texts())
+        assert {f"text {int(k, 16)}" for k in present} <= texts  # every stored record is named
+        (store.dir / "catalogue.jsonl").unlink()  # a lost catalogue: re-built from the records present
+        assert set(DiskStore(tmp_path / "kv", FP).texts()) == {f"text {int(k, 16)}" for k in present}
+
+
+def test_a_one_off_write_is_refused_when_every_file_is_hotter(tmp_path):
+    size = one_file(tmp_path)
+    store = DiskStore(tmp_path / "kv", FP, max_bytes=2 * size)
+    for i in range(2):
+        store.get(disk_record(i).key)
+        store.put(disk_record(i))
+        store.get(disk_record(i).key)
+    store.put(disk_record(9))  # never looked up: refused, nothing deleted
+    assert (store.rejected, store.evictions, store.get(disk_record(9).key)) == (1, 0, None)
+    assert set(store._record_keys()) == {disk_record(0).key, disk_record(1).key}
+
+
+def test_open_cuts_an_oversized_folder_oldest_touched_first(tmp_path):
+    size = one_file(tmp_path)
+    unbounded = DiskStore(tmp_path / "kv", FP)
+    now = time.time()
+    for i in range(10):
+        unbounded.put(disk_record(i))
+        os.utime(unbounded.path(disk_record(i).key), (now, now - 1000 + (i * 7919 % 10)))  # shuffled ages
+    oldest_first = sorted(range(10), key=lambda i: i * 7919 % 10)
+    bounded = DiskStore(tmp_path / "kv", FP, max_bytes=4 * size)
+    assert set(bounded._record_keys()) == {disk_record(i).key for i in oldest_first[6:]}
+    assert bounded.evictions == 6 and file_bytes(bounded) <= 4 * size
+    assert DiskStore(tmp_path / "kv", FP)._record_keys() == bounded._record_keys()  # unbounded: deletes nothing
+
+
+def _budget_writer(root: str, start: int, max_bytes: int, barrier) -> None:
+    store = DiskStore(root, FP, max_bytes=max_bytes)
+    barrier.wait(60)  # both write at once
+    for i in range(start, start + 200):
+        store.get(disk_record(i).key)
+        store.put(disk_record(i))
+
+
+def test_two_processes_sharing_a_budgeted_folder_stay_near_it_and_within_it_after_a_scan(tmp_path):
+    size = one_file(tmp_path)
+    budget = 16 * size
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_budget_writer, args=(str(tmp_path / "kv"), s, budget, barrier)) for s in (0, 1000)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    store = DiskStore(tmp_path / "kv", FP)
+    total = file_bytes(store)
+    assert total <= budget + 2 * budget // 8 + 2 * size, f"{total} bytes for a budget of {budget}"
+    bounded = DiskStore(tmp_path / "kv", FP, max_bytes=budget)  # its scan at open cuts to the budget
+    assert file_bytes(bounded) <= budget
+    for key in bounded._record_keys():  # what is left is whole
+        assert bounded.get(key) is not None
+
+
+def test_open_tier_passes_a_folder_budget_and_refuses_one_for_a_server(tmp_path):
+    tier = open_tier(tmp_path, FP, max_bytes=1 << 20)
+    assert isinstance(tier, DiskStore) and tier.max_bytes == 1 << 20
+    with pytest.raises(ValueError, match="allkeys-lfu"):
+        open_tier("redis://127.0.0.1:1/0", FP, max_bytes=1 << 20)

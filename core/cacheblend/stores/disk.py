@@ -14,6 +14,16 @@ What can go wrong, and what happens:
 - a writer killed between a record's rename and its catalogue line, or a lost catalogue: the
   texts of records the catalogue lacks are read from their headers and appended again;
 - a read-only or full directory: a warning, and the chunks stay in memory only.
+
+A byte budget (``max_bytes``; None: unbounded) keeps the record files' total at or under it by
+``stores.policy`` (this process's lookups, hits and misses, counted; least looked-up, then least
+recent, deleted first; a new record written only if looked up as often as what it pushes out).
+At open the files seed it (size; mtime as last use: oldest-touched go first). Deleting is an atomic
+``unlink``: a reader sees a whole record or a miss (one that opened the file reads on). A catalogued
+text whose record is gone is a miss; ``texts()`` still names every record present. Processes sharing
+a folder each enforce the budget over what they listed last plus their own writes and deletes, and
+list again at open and after writing ``max_bytes / RESCAN_FRACTION``: with ``w`` writers the total
+may pass the budget by about ``w * max_bytes / 8`` between listings. Popularity is per process.
 """
 
 from __future__ import annotations
@@ -29,7 +39,10 @@ from pathlib import Path
 
 from ..files import write_atomic
 from . import compact, integrity
+from .policy import Policy
 from .record import ChunkRecord, StoreWarning
+
+RESCAN_FRACTION = 8  # list the folder again after writing max_bytes / RESCAN_FRACTION
 
 
 class DiskStore:
@@ -38,27 +51,40 @@ class DiskStore:
     Each file is an ``integrity`` record (checksummed, self-describing). A record that fails its
     checks is a miss with a warning and is moved to ``quarantine/``, so the next ``warm`` rewrites
     it. ``codec``: how tensors are written (``plain`` or ``int8``, see ``stores.compact``).
+    ``max_bytes``: a budget for the record files (None: unbounded; see the module docstring).
+    Counters: ``hits``, ``misses``, ``evictions`` (files deleted for the budget), ``rejected``
+    (writes refused by admission or larger than the budget).
     """
 
     shared = False  # a disk store is written when a caller names it (the KV beside one vector index)
 
-    def __init__(self, root: str | os.PathLike, fingerprint: str, codec: str = "plain") -> None:
+    def __init__(
+        self, root: str | os.PathLike, fingerprint: str, codec: str = "plain", max_bytes: int | None = None
+    ) -> None:
         if codec not in compact.CODECS:
             raise ValueError(f"codec must be one of {', '.join(compact.CODECS)}; got {codec!r}")
-        self.fingerprint = fingerprint
-        self.codec = codec
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive or None, got {max_bytes}")
+        self.fingerprint, self.codec = fingerprint, codec
         self.dir = Path(root) / fingerprint[:16]
         self.location = str(self.dir.resolve())
         self._catalogue = self.dir / "catalogue.jsonl"
         self._writable = True
+        self.max_bytes = max_bytes
+        self.policy = Policy(max_bytes, clock=time.time) if max_bytes is not None else None
+        self.hits = self.misses = self.evictions = self.rejected = 0
+        self._written = 0  # bytes this process wrote since its last scan
         if self.dir.is_dir():
             _clean_temps(self.dir / "tmp")
+            self.rescan()
 
     @classmethod
-    def open(cls, root: str | os.PathLike, fingerprint: str, codec: str = "plain") -> DiskStore:
+    def open(
+        cls, root: str | os.PathLike, fingerprint: str, codec: str = "plain", max_bytes: int | None = None
+    ) -> DiskStore:
         """The store for ``fingerprint`` under ``root``, with a ``StoreWarning`` when ``root`` holds
         only stores of other models or settings (every chunk will then be computed)."""
-        store = cls(root, fingerprint, codec)
+        store = cls(root, fingerprint, codec, max_bytes)
         others = [fp for fp in cls.fingerprints(root) if not fingerprint.startswith(fp)]
         if others and not store.dir.is_dir():
             warnings.warn(
@@ -89,30 +115,48 @@ class DiskStore:
             return False
 
     def get(self, key: str) -> ChunkRecord | None:
+        record, size = self._read(key)
+        self.hits, self.misses = self.hits + (record is not None), self.misses + (record is None)
+        if self.policy is not None:
+            self.policy.touch(key)
+            if record is None:
+                self.policy.remove(key)  # gone (deleted by another process) or quarantined
+            elif key not in self.policy:
+                self.policy.add(key, size)  # written by another process since the last scan
+        return record
+
+    def _read(self, key: str) -> tuple[ChunkRecord | None, int]:
         path = self.path(key)
         try:
             with open(path, "rb") as f:
                 inode, data = os.fstat(f.fileno()).st_ino, f.read()
         except (FileNotFoundError, NotADirectoryError):
-            return None
+            return None, 0
         except OSError as exc:
-            warnings.warn(f"unreadable KV file {path} ({exc}); recomputing", StoreWarning, 2)
-            return None
+            warnings.warn(f"unreadable KV file {path} ({exc}); recomputing", StoreWarning, 3)
+            return None, 0
         try:
-            return integrity.decode(data, self.fingerprint, key)
+            return integrity.decode(data, self.fingerprint, key), len(data)
         except integrity.RecordError as exc:
             what = "was written for another model or layout" if exc.foreign else "is unreadable"
-            warnings.warn(f"KV file {path} {what} ({exc}); recomputing", StoreWarning, 2)
+            warnings.warn(f"KV file {path} {what} ({exc}); recomputing", StoreWarning, 3)
             self._quarantine(path, inode)
-            return None
+            return None, 0
 
     def put(self, record: ChunkRecord) -> None:
         if not self._writable:
             return
         try:
             data = integrity.encode(record, self.fingerprint, self.codec)
+            if self.policy is not None and not self._make_room(record.key, len(data)):
+                return
             write_atomic(self.path(record.key), data, tmp_dir=self.dir / "tmp", prefix=_temp_prefix())
             self._append_catalogue([(record.key, record.text)])
+            if self.policy is not None:
+                self.policy.add(record.key, len(data))
+                self._written += len(data)
+                if self._written * RESCAN_FRACTION > self.max_bytes:
+                    self.rescan()
         except OSError as exc:
             self._writable = False
             warnings.warn(
@@ -133,7 +177,7 @@ class DiskStore:
         """The catalogue's texts, plus (re-catalogued) those of any record the catalogue lacks."""
         known, texts = self._read_catalogue()
         lost: list[tuple[str, str]] = []
-        for key in self._record_keys() - known:
+        for key in self._record_files().keys() - known:
             try:
                 lost.append((key, integrity.probe(self.path(key), self.fingerprint, key)["text"]))
             except (OSError, integrity.RecordError):
@@ -145,6 +189,47 @@ class DiskStore:
             except OSError:
                 pass  # read-only: the texts were still found for this process
         return list(texts)
+
+    def rescan(self) -> None:
+        """Lists the record files (others' too) into the policy; deletes what is over budget."""
+        if self.policy is not None:
+            self._written = 0
+            self.policy.sync(self._record_files())
+            self._evict(self.policy.over_budget())
+
+    def _make_room(self, key: str, nbytes: int) -> bool:
+        """Deletes the files the policy picks so ``key`` fits; False when admission refuses it."""
+        victims = self.policy.plan(key, nbytes)
+        if victims is None:
+            self.rejected += 1
+            return False
+        self._evict(victims)
+        return True
+
+    def _evict(self, keys: list[str]) -> None:
+        for key in keys:
+            self.policy.remove(key)
+            try:
+                self.path(key).unlink()
+                self.evictions += 1
+            except FileNotFoundError:
+                continue  # another process deleted it first
+            except OSError:
+                return  # read-only: nothing can be deleted (nor written)
+
+    def _record_files(self) -> dict[str, tuple[int, float]]:
+        """key -> (size, mtime) of every record file there now."""
+        found: dict[str, tuple[int, float]] = {}
+        for path in (self.dir / "kv").glob("*/*.safetensors"):
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # deleted while listed
+            found[path.name.removesuffix(".safetensors")] = (st.st_size, st.st_mtime)
+        return found
+
+    def _record_keys(self) -> set[str]:
+        return set(self._record_files())
 
     def _read_catalogue(self) -> tuple[set[str], dict[str, None]]:
         keys: set[str] = set()
@@ -160,12 +245,6 @@ class DiskStore:
                 except (ValueError, KeyError, TypeError, AttributeError):
                     continue  # a torn last line from a crashed writer
         return keys, texts
-
-    def _record_keys(self) -> set[str]:
-        kv = self.dir / "kv"
-        if not kv.is_dir():
-            return set()
-        return {p.name.removesuffix(".safetensors") for d in kv.iterdir() for p in d.glob("*.safetensors")}
 
     def _append_catalogue(self, entries: list[tuple[str, str]]) -> None:
         lines = "".join(json.dumps({"key": k, "text": t}, ensure_ascii=False) + "\n" for k, t in entries)

@@ -61,14 +61,27 @@ def is_shared_location(location: object) -> bool:
     return scheme_of(location) is not None
 
 
-def open_tier(location: str | os.PathLike, fingerprint: str, codec: str = "plain") -> KVTier:
+def open_tier(
+    location: str | os.PathLike, fingerprint: str, codec: str = "plain", max_bytes: int | None = None
+) -> KVTier:
     """The tier at ``location``: a URL with a scheme of ``SCHEMES``, or a folder (created on the
     first write). ValueError for a URL whose scheme no tier knows (rather than a folder named
-    ``s3:``)."""
+    ``s3:``).
+
+    ``max_bytes``: a byte budget for a folder (``DiskStore``; None: unbounded). For a server URL
+    it is a ValueError: a shared server bounds itself (Redis: ``maxmemory <bytes>`` with
+    ``maxmemory-policy allkeys-lfu``). A client-side budget was not built: with many writers none
+    of them sees the server's total or the other clients' lookups, so each would evict by a
+    partial view while the server already evicts by the real one."""
     scheme = scheme_of(location)
     if scheme is not None:
+        if max_bytes is not None:
+            raise ValueError(
+                f"max_bytes is for a folder; the server at {scheme}:// bounds itself: run it with "
+                "maxmemory <bytes> and maxmemory-policy allkeys-lfu"
+            )
         return SCHEMES[scheme](str(location), fingerprint, codec)
     if isinstance(location, str) and "://" in location:
         known = ", ".join(f"{s}://" for s in SCHEMES)
         raise ValueError(f"no store tier serves {location.split('://', 1)[0]}:// (known: {known}, or a folder)")
-    return DiskStore.open(location, fingerprint, codec)
+    return DiskStore.open(location, fingerprint, codec, max_bytes)
