@@ -211,6 +211,7 @@ class BlendEngine:
         with self.clock.busy():
             out = self.prefiller.run(request, ratio, config, started)
         if self.misses is not None and out.missed:
+            self.expect(out.missed)  # known before any is warmed: each is warmed behind its co-retrieved passages
             self.misses.offer(out.missed)
         return out
 

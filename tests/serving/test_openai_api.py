@@ -5,7 +5,9 @@ import asyncio
 import httpx
 import openai
 import pytest
-from live_server import TINY, health, metric
+from live_server import TINY, health, metric, running, wait_for
+
+from cacheblend.serving.app import SchedulerLimits
 
 PASSAGES = [
     "The lighthouse keeper of Orlen island logs every passing ship in a blue leather book each night.",
@@ -78,17 +80,34 @@ def test_stop_string_ends_the_answer(client):
     assert stopped.choices[0].finish_reason == "stop"
 
 
-def test_documents_are_warmed_on_first_use_and_reused_in_any_order(client, tiny_url):
-    hits = metric(tiny_url, "chunk_hits_total")
+def test_documents_are_warmed_after_their_first_use_off_its_path_and_reused_in_any_order(client, tiny_url):
+    """Warm on miss: the first request computes its unseen documents inside the prompt (three
+    misses, nothing cached, nothing warmed before it); the idle model thread then warms them, and
+    the next request reads all three in another order."""
+    hits, warmed = metric(tiny_url, "chunk_hits_total"), metric(tiny_url, "warm_on_miss_warmed")
     docs = [{"title": f"Orlen {i}", "text": t} for i, t in enumerate(PASSAGES)]
     first = _chat(client, "Who dug the spring?", extra_body={"documents": docs})
+    assert first.usage.cacheblend["chunk_misses"] == 3 and first.usage.cacheblend["chunk_hits"] == 0
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    wait_for(lambda: metric(tiny_url, "warm_on_miss_warmed") >= warmed + 3 and metric(tiny_url, "warm_on_miss_queued") == 0)
     second = _chat(client, "Who dug the spring?", extra_body={"documents": docs[::-1]})
-    assert first.usage.cacheblend["chunk_hits"] == 3 == second.usage.cacheblend["chunk_hits"]
-    doc_tokens = first.usage.cacheblend["chunk_tokens"]
+    assert second.usage.cacheblend["chunk_hits"] == 3 and second.usage.cacheblend["chunk_misses"] == 0
+    doc_tokens = second.usage.cacheblend["chunk_tokens"]
     assert second.usage.prompt_tokens_details.cached_tokens >= 0.8 * doc_tokens > 0
     full = _chat(client, "Who dug the spring?", extra_body={"documents": docs[::-1], "recompute_ratio": 1.0})
     assert full.usage.prompt_tokens_details.cached_tokens == 0
-    assert metric(tiny_url, "chunk_hits_total") >= hits + 6
+    assert metric(tiny_url, "chunk_hits_total") == hits + 3
+    assert metric(tiny_url, "warm_on_miss_warmed") == warmed + 3  # each warmed once, none again
+
+
+def test_without_warm_on_miss_documents_are_warmed_before_the_prefill(tiny_engine):
+    docs = [{"title": "Orlen", "text": t + " (kept warm first)"} for t in PASSAGES]
+    with running(tiny_engine, model_names=[TINY], limits=SchedulerLimits(warm_on_miss=False)) as url:
+        c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        first = _chat(c, "Who dug the spring?", extra_body={"documents": docs})
+        assert first.usage.cacheblend["chunk_hits"] == 3 and first.usage.prompt_tokens_details.cached_tokens > 0
+        text = httpx.get(url.removesuffix("/v1") + "/metrics").text
+        assert "warm_on_miss_queued" not in text
 
 
 def test_documents_endpoint_warms_texts_found_later_in_plain_messages(client, tiny_url):

@@ -42,6 +42,7 @@ class SchedulerLimits:
     max_batch: int = 8  # sequences decoded together
     max_queue: int = 64  # waiting requests before 429
     max_prefill_tokens: int = 4096  # tokens the prefills between two decode steps may compute
+    warm_on_miss: bool = True  # warm missed chunks when idle (False: a request's documents are warmed first)
 
 
 def create_app(
@@ -56,7 +57,7 @@ def create_app(
     metrics = Metrics()
     scheduler = Scheduler(
         engine, max_batch=limits.max_batch, max_queue=limits.max_queue, max_prefill_tokens=limits.max_prefill_tokens,
-        metrics=metrics,
+        metrics=metrics, warm_on_miss=(lambda texts: engine.warm(texts, store_dir=store_dir)) if limits.warm_on_miss else None,
     )
     service = _Service(engine, scheduler, metrics, list(model_names or [engine.name]), api_key, store_dir)
 
@@ -181,7 +182,20 @@ class _Service:
             "active_sequences": ("Sequences in the decode batch", lambda: self.scheduler.active),
             "store_memory_bytes": ("Chunk KV held in the memory store", lambda: self.engine.stores.memory.nbytes),
         }
+        misses = self.scheduler.misses
+        if misses is not None:
+            for name, help in _MISS_GAUGES.items():
+                gauges[f"warm_on_miss_{name}"] = (help, lambda name=name: misses.counts()[name])
         return PlainTextResponse(self.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+
+
+_MISS_GAUGES = {
+    "queued": "Missed chunks waiting to be warmed",
+    "offered": "Missed chunks queued for warming so far",
+    "warmed": "Missed chunks warmed so far",
+    "dropped": "Missed chunks not queued (the queue was full)",
+    "failed": "Missed chunks that could not be warmed",
+}
 
 
 def _submit(scheduler: Scheduler, job: Job) -> asyncio.Queue:

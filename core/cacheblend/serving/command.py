@@ -29,7 +29,8 @@ def cmd_serve(args) -> int:
         api_key=args.api_key or None,
         model_names=[args.served_model_name or args.model],
         limits=SchedulerLimits(
-            max_batch=args.max_batch, max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens
+            max_batch=args.max_batch, max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens,
+            warm_on_miss=args.warm_on_miss,
         ),
     )
     print(f"serving {args.served_model_name or args.model} on http://{args.host}:{args.port}/v1 "

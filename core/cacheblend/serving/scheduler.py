@@ -14,8 +14,12 @@ already decoding (the same role as vLLM's ``max_num_batched_tokens``). Blended p
 padded into one batched forward: on a CPU a forward is compute-bound, so batching them would
 save no time, only add padding.
 
-Calls such as warming run on the same thread, so the model is
-never used by two threads at once. The ASGI side submits jobs and reads their events from an
+Calls such as warming run on the same thread, so the model is never used by two threads at once.
+Warm on miss (``cacheblend.warm_on_miss``) too: a request's ``documents`` are looked for in its
+prompt without being warmed first, each chunk its prefill finds in no tier goes to a ``MissQueue``,
+and the thread warms one queued chunk per round only when no request waits or decodes, so a first
+retrieval costs about a full prefill of its new passages, not the three a warm before the prefill
+cost, and the next request holding them hits. The ASGI side submits jobs and reads their events from an
 asyncio queue fed with ``call_soon_threadsafe``; it cancels a job by setting ``job.cancelled``,
 which frees the job's slot before the next step.
 """
@@ -36,6 +40,7 @@ import torch
 from ..generation.decode import Sampling, TextTracker
 from ..result import BlendStats
 from ..generation.batch import SlotKV
+from ..warm_on_miss import MissQueue
 from .metrics import Metrics
 
 
@@ -62,7 +67,7 @@ class Job:
     sampling: Sampling
     stop: list[str]
     recompute_ratio: float | None = None
-    documents: list[str] = field(default_factory=list)  # warmed before the prefill
+    documents: list[str] = field(default_factory=list)  # looked for in the prompt (warmed on miss, or first)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     events: asyncio.Queue | None = None
@@ -102,6 +107,7 @@ class Scheduler:
         max_queue: int = 64,
         max_prefill_tokens: int = 4096,
         metrics: Metrics | None = None,
+        warm_on_miss: Callable[[list[str]], Any] | None = None,
     ):
         if max_batch < 1 or max_queue < 1 or max_prefill_tokens < 1:
             raise ValueError(
@@ -112,6 +118,9 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.metrics = metrics or Metrics()
+        # warm_on_miss: how a missed chunk is warmed (engine.warm into the server's stores); None:
+        # a request's documents are warmed before its prefill, and misses stay misses
+        self.warm, self.misses = warm_on_miss, MissQueue() if warm_on_miss is not None else None
         self._pending: queue.Queue = queue.Queue(maxsize=max_queue)
         self._active: list[_Sequence] = []
         self._slots = SlotKV(engine.adapter, max_batch)
@@ -165,8 +174,11 @@ class Scheduler:
         self._fail_all(RuntimeError("the server is shutting down"))
 
     def _iterate(self) -> None:
-        """One round: admit waiting work within the prefill budget, then one decode step."""
+        """One round: admit waiting work within the prefill budget, then one decode step; with
+        nothing waiting or decoding, warm one missed chunk instead."""
         self._drop_cancelled()
+        if not self._active and self._pending.empty() and self.misses is not None and self.misses.warm_one(self.warm):
+            return
         budget = self.max_prefill_tokens
         while len(self._active) < self.max_batch and budget > 0:
             try:  # block briefly only when there is nothing to decode
@@ -206,10 +218,12 @@ class Scheduler:
         engine = self.engine
         try:
             if job.documents:
-                engine.warm(job.documents)
+                engine.expect(job.documents) if self.misses is not None else engine.warm(job.documents)
             request = engine.request(job.prompt)  # searched for chunks and tokenized once
             n = len(request.ids)
             pre = engine.prefill(request, recompute_ratio=job.recompute_ratio)
+            if self.misses is not None:
+                self.misses.offer(pre.missed)
         except Exception as exc:  # bad input or a model failure: the request fails, the server goes on
             job.emit(Event("error", error=exc))
             return 1

@@ -1,0 +1,126 @@
+"""Warm on miss in the library: a missed chunk is answered as without it, then warmed in the
+background (the same records ``warm`` would store), never while a prefill is in flight; the queue is
+bounded and deduplicated, and a chunk that cannot be warmed is counted, never raised."""
+
+import threading
+import time
+
+import torch
+from tiny_models import tiny_model
+
+from cacheblend import BlendConfig, BlendEngine
+from cacheblend.warm_on_miss import BackgroundWarmer, IdleClock, MissQueue
+
+PASSAGES = [
+    "The harbour of Kelm keeps three wooden ships: the Auk, the Tern and the Petrel, all built in Kelm.",
+    "Beekeepers on the Varn hills move their hives to the heather fields late in July each year.",
+    "Heather honey from the Varn hills is dark and thick; the beekeepers press it from the comb.",
+]
+QUESTION = "Which ships does Kelm keep?"
+
+
+def _engines(tokenizer, **config):
+    model = tiny_model("llama")
+    cfg = BlendConfig(kv_dtype="float32", **config)
+    return BlendEngine(model, tokenizer, config=cfg, warm_on_miss=True), BlendEngine(model, tokenizer, config=cfg)
+
+
+def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_warm_stores(tokenizer):
+    eager, plain = _engines(tokenizer, neighbours=1)  # neighbours and lead records: the default's warming
+    try:
+        first = eager.prefill(chunks=PASSAGES, query=QUESTION)
+        same = plain.prefill(chunks=PASSAGES, query=QUESTION)
+        assert first.stats.chunk_misses == 3 and first.stats.cached_tokens == 0
+        assert first.missed == PASSAGES
+        assert torch.equal(first.output.logits, same.output.logits)  # warm on miss changes no answer
+        assert eager._background.drain(60)
+        assert all(eager.is_warm(p) for p in PASSAGES) and eager.misses.warmed == 3
+        plain.warm(PASSAGES)  # what index-time warming stores, for comparison
+        for text in PASSAGES:  # the same neighbours: the missed prompt's passages were known before any warmed
+            key, lead = plain.record_keys(plain.encode_chunk(text).ids)
+            assert torch.equal(eager.stores.get(key).kv, plain.stores.get(key).kv), text[:20]
+            # a batch warm takes a first neighbour's lead record from its neighbour's forward (a longer
+            # sequence: float rounding differs), one chunk at a time computes it alone
+            torch.testing.assert_close(eager.stores.get(lead).kv, plain.stores.get(lead).kv, atol=1e-5, rtol=0)
+        again = eager.prefill(chunks=PASSAGES[::-1], query=QUESTION)
+        assert again.stats.chunk_hits == 3 and again.missed == [] and again.stats.cached_tokens > 0
+        assert eager.misses.offered == 3  # hits offer nothing
+    finally:
+        eager.close()
+
+
+def test_expected_texts_are_found_in_raw_prompts_and_warmed_after_their_first_miss(tokenizer):
+    eager, _ = _engines(tokenizer)
+    try:
+        eager.expect(PASSAGES[:2])
+        assert not eager.is_warm(PASSAGES[0])  # expect computes nothing
+        prompt = f"Context:\n{PASSAGES[1]}\n\n{PASSAGES[0]}\n\nQuestion: {QUESTION}"
+        first = eager.generate(prompt, max_new_tokens=4)
+        assert first.stats.chunk_misses == 2 and first.stats.chunk_hits == 0
+        assert eager._background.drain(60)
+        second = eager.generate(prompt, max_new_tokens=4)
+        assert second.stats.chunk_hits == 2 and second.stats.chunk_misses == 0
+    finally:
+        eager.close()
+
+
+def test_nothing_is_warmed_while_a_prefill_is_in_flight():
+    clock, queue, calls = IdleClock(), MissQueue(), []
+    worker = BackgroundWarmer(calls.append, queue, clock, idle_s=0.05)
+    try:
+        with clock.busy():
+            queue.offer(["a chunk that missed"])
+            time.sleep(0.4)
+            assert calls == [] and clock.idle_for() == 0.0
+        assert worker.drain(5) and calls == [["a chunk that missed"]]
+    finally:
+        worker.close()
+
+
+def test_the_queue_is_bounded_deduplicated_and_oldest_first():
+    queue = MissQueue(limit=2)
+    queue.offer(["a", "b", "a", "c"])
+    assert len(queue) == 2 and queue.counts() == {"queued": 2, "offered": 3, "dropped": 1, "warmed": 0, "failed": 0}
+    assert queue.take(0) == "a" and queue.take(0) == "b" and queue.take(0) is None
+
+
+def test_a_chunk_that_cannot_be_warmed_is_counted_and_never_raised():
+    queue = MissQueue()
+
+    def warm(texts):
+        raise ValueError("a chunk too long for the context window")
+
+    queue.offer(["x" * 40, "y" * 40])
+    assert queue.warm_one(warm) and queue.warm_one(warm) and not queue.warm_one(warm)
+    assert queue.failed == 2 and queue.warmed == 0
+
+
+def test_a_prefill_waits_for_at_most_the_one_chunk_being_warmed(tokenizer):
+    """A prefill that arrives while the worker drains a queue of six reads its records after at
+    most the chunk in flight (the worker waits while a prefill runs), not after the whole queue."""
+    eager, _ = _engines(tokenizer)
+    try:
+        texts = [f"{PASSAGES[0]} Copy {i} of this passage." for i in range(6)]
+        started, real_warm = threading.Event(), eager._background.warm
+
+        def slow_warm(batch):  # each chunk takes at least 0.2 s, so the prefill lands inside one
+            started.set()
+            time.sleep(0.2)
+            real_warm(batch)
+
+        eager._background.warm = slow_warm
+        seen, real_records = [], eager.prefiller.records
+
+        def records(chunks):
+            out = real_records(chunks)
+            seen.append(eager.misses.warmed)
+            return out
+
+        eager.prefiller.records = records
+        eager.misses.offer(texts)
+        assert started.wait(30)
+        eager.prefill(chunks=PASSAGES[:1], query=QUESTION)
+        assert seen and seen[0] <= 1, f"the prefill read its records after {seen[0]} of 6 chunks were warmed"
+        assert eager._background.drain(60) and eager.misses.warmed == 7  # the six, then the prefill's own miss
+    finally:
+        eager.close()
