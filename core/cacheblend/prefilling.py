@@ -66,7 +66,9 @@ class Prefiller:
         selector = self.selector if self.selector is not None else make_selector(cfg)
         t = time.perf_counter()
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
-        stats = asm.stats(out.recomputed, cfg.recompute_ratio if not full else 1.0)
+        chosen = out.ratio if out.ratio is not None else cfg.recompute_ratio  # an auto budget reports its pick
+        stats = asm.stats(out.recomputed, 1.0 if full else chosen)
+        stats.budget_signal = out.budget_signal
         stats.first_stage_tokens = out.first_stage_rows
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started
