@@ -31,6 +31,7 @@ import math
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from runfile import ROOT, RunRecord, add_common
 
@@ -218,6 +219,48 @@ def markdown(aucs: dict, fixed: dict, fitted: dict, real: dict) -> str:
     return "\n".join(lines)
 
 
+def from_runs(args, record, policies: list[tuple]) -> None:
+    """No model: the curves of earlier run files again, the --policies simulated on their rows
+    (exact, as in a run), and with --plot the curves drawn, one panel per run file."""
+    import json
+
+    runs = [json.loads(Path(f).read_text()) for f in args.from_run]
+    out = {}
+    for f, run in zip(args.from_run, runs):
+        sim = {f"auto {s} {lo:g}-{hi:g} t={t:.4g} (simulated)": {**simulate(run["rows"], s, lo, hi, t),
+               "at_max": sum(r[s] >= t for r in run["rows"])} for s, lo, hi, t in policies}
+        out[f] = {"model": run["run"]["model"], "simulated": sim}
+        print(f"{f} ({run['run']['model']})\n{markdown(run['auc'], run['fixed'], {**run['fitted'], **sim}, run['policies'])}\n")
+    if args.plot:
+        plot(runs, [o["simulated"] for o in out.values()], args.plot)
+    record.write(args.run_file, {"from_runs": out})
+
+
+def plot(runs: list[dict], simulated: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.5), squeeze=False)
+    for ax, run, sim in zip(axes[0], runs, simulated):
+        fixed = sorted(run["fixed"].values(), key=lambda r: r["mean_ratio"])
+        ax.plot([r["mean_ratio"] for r in fixed], [r["same"] / r["of"] for r in fixed], "o-", color="k", label="fixed ratio")
+        for name, r in {**run["fitted"], **sim}.items():
+            if name.startswith("auto " + run["meta"].get("plot_signal", "deviation")) or "(simulated)" in name:
+                ax.plot(r["mean_ratio"], r["same"] / r["of"], "s", alpha=0.6, label=name)
+        for name, r in run["policies"].items():
+            ax.plot(r["mean_ratio"], r["same"] / r["of"], "*", markersize=12, label=name + " (run)")
+        ax.set_title(f"{run['run']['model']}: {run['meta']['sets']} ({run['meta']['split']})", fontsize=9)
+        ax.set_xlabel("mean recompute ratio (of reused tokens)")
+        ax.set_ylabel("answers the same as full prefill")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap, quick="2 development fact questions, ratios 0 and 0.15, 8 answer tokens")
@@ -230,10 +273,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policies", default=None, help="signal:min:max:threshold;...: run these instead of fitting")
     ap.add_argument("--answer-tokens", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--from-run", nargs="+", default=None, metavar="JSON",
+                    help="run no model: print these run files' tables, simulate --policies on their rows, --plot them")
+    ap.add_argument("--plot", default=None, metavar="PNG", help="with --from-run: the curves as a plot")
     args = ap.parse_args(argv)
     if args.quick:
         args.sets, args.ratios, args.answer_tokens, args.bounds = "facts=2", "0,0.15", 8, "0:0.15"
-    if args.split == "report" and not args.policies:
+    if args.split == "report" and not args.policies and not args.from_run:
         ap.error("a reporting split takes fixed --policies (thresholds are fitted on development data only)")
     ratios = [float(x) for x in args.ratios.split(",")]
     if 0.15 not in ratios:
@@ -242,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     policies = [(s, float(a), float(b), float(t)) for s, a, b, t in
                 (p.split(":") for p in args.policies.split(";"))] if args.policies else []
     record = RunRecord.start(args)
+    if args.from_run:
+        return from_runs(args, record, policies)
 
     import torch
 
