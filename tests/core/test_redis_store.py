@@ -239,6 +239,55 @@ def test_full_server_is_one_warning_and_no_exception(tmp_path):
         srv.stop()
 
 
+def test_texts_come_from_the_records_so_an_lfu_eviction_hides_none(tmp_path):
+    """A server under maxmemory + allkeys-lfu evicts records; a fresh store's texts() (read from
+    the records' own headers, no separate catalogue) names exactly the records still readable."""
+    import redis
+
+    srv = RedisServer(tmp_path / "redis", maxmemory="4mb", **{"maxmemory-policy": "allkeys-lfu"}).start()
+    try:
+        admin = redis.Redis.from_url(srv.url)
+        store = RedisStore(srv.url, FP)
+        hot = [record(f"{i:064x}", tokens=400, text=f"hot {i}") for i in range(4)]  # ~200 KiB each
+        store.put_many(hot)
+        for _ in range(200):
+            store.get_many([r.key for r in hot])  # the server's LFU counters learn they are hot
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for i in range(60):  # one-off records: 12 MiB written into 4 MiB
+                store.put(record(f"{1000 + i:064x}", tokens=400, text=f"once {i}"))
+            evicted = admin.info("stats")["evicted_keys"]
+            admin.config_set("maxmemory", "256mb")  # headroom: reading below evicts nothing more
+            named = set(RedisStore(srv.url, FP).texts())
+            reader = RedisStore(srv.url, FP)
+            texts = {r.text for r in hot} | {f"once {i}" for i in range(60)}
+            keys = {r.text: r.key for r in hot} | {f"once {i}": f"{1000 + i:064x}" for i in range(60)}
+            readable = {t for t in texts if reader.get(keys[t]) is not None}
+        assert evicted > 20 and 0 < len(readable) < len(texts), (evicted, len(readable))
+        print(f"LFU test: {evicted} evicted, {len(readable)} of {len(texts)} readable, {len(named)} named")
+        assert named == readable  # every readable record named; nothing named that is gone
+        assert admin.info("stats")["evicted_keys"] == evicted
+        assert {r.text for r in hot} <= readable, sorted(readable)  # LFU kept the hot set
+        assert not admin.exists(f"cacheblend:{FP[:16]}:texts")  # no separate catalogue to lose
+    finally:
+        srv.stop()
+
+
+def test_texts_read_long_headers_and_leave_out_what_is_not_a_whole_record(fresh):
+    import redis
+
+    client = redis.Redis.from_url(fresh.url)
+    store = RedisStore(fresh.url, FP)
+    long_text = "A long passage ✓ " * 700  # a header of ~12 KB: past the first GETRANGE
+    recs = [record("aa" * 32, text=long_text), record("bb" * 32, text="short"), record("cc" * 32, text="torn")]
+    store.put_many(recs)
+    name = store._kv("cc" * 32)
+    client.set(name, client.get(name)[:-10])  # cut short: a miss when read, so not named
+    client.set(store._kv("dd" * 32), b"\xff" * 8 + b"garbage")  # a header length no record has
+    client.rpush(store._kv("ee" * 32), b"x")  # something else under our prefix
+    assert sorted(RedisStore(fresh.url, FP).texts()) == sorted([long_text, "short"]) and store.available
+
+
 def test_cluster_url_reaches_a_real_cluster_node(tmp_path):
     import redis
 

@@ -83,6 +83,13 @@ def parse_header(data: bytes, fingerprint: str, key: str) -> tuple[dict[str, str
     return header["__metadata__"], start, end
 
 
+def header_span(head: bytes) -> int:
+    """How many leading bytes of a record that starts with ``head`` (8 bytes at least) hold its
+    header: what a reader of the header alone fetches (a Redis ``GETRANGE``). Capped, so garbage
+    asks for no more than a header may be; 0 if ``head`` is too short to tell."""
+    return 8 + min(int.from_bytes(head[:8], "little"), _MAX_HEADER) if len(head) >= 8 else 0
+
+
 def _parse(data: bytes, fingerprint: str, key: str) -> tuple[dict, int, int]:
     """(the whole parsed header, data-section start, expected total length), or RecordError."""
     if len(data) < 8:

@@ -1,17 +1,27 @@
 """RedisStore: a chunk KV tier on a Redis / Valkey server that many processes and hosts share.
 
 One key per chunk, ``cacheblend:<fingerprint[:16]>:kv:<chunk key>``, whose value is the same
-self-describing record as a disk file (``integrity``: header with fingerprint, layout, key and
-checksum), so a value written for another model, altered, or cut short is a miss. The texts of the
-warmed chunks live in one hash per fingerprint, ``cacheblend:<fingerprint[:16]>:texts`` (chunk key
--> text), so a new process finds chunks in prompts without warming anything.
+self-describing record as a disk file (``integrity``: header with fingerprint, layout, key, text
+and checksum), so a value written for another model, altered, or cut short is a miss. There is no
+separate catalogue: ``texts()`` SCANs the keys and reads each value's header (``GETRANGE``, in
+pipelined batches), so a record the server evicts takes its text with it and no eviction can hide
+a record that is still there. (A record evicted after its header was read is still named: a miss
+when used, recomputed.) A ``cacheblend:<fp>:texts`` hash left by older versions is not read.
+
+Eviction is the server's job: run it with ``maxmemory <bytes>`` and ``maxmemory-policy
+allkeys-lfu`` (recency and popularity, server side: the hot set stays, one-off chunks go first);
+``ttl_s`` sets an expiry on every chunk value in addition. ``texts()`` reads each header once per
+process start, which counts as one access in the server's (logarithmic) LFU counter.
 
 The server is never trusted to be there. Every call has a bounded timeout and no retries; the first
 failure (down, slow, out of memory) opens a circuit breaker for ``retry_after_s`` seconds during
 which the tier is skipped, and warns once per outage. A query never raises because of Redis.
-
-Eviction is the server's job: run it with ``maxmemory <bytes>`` and ``maxmemory-policy
-allkeys-lru``; ``ttl_s`` sets an expiry on every chunk value in addition.
+On Redis Cluster (``+cluster``) each primary has its own breaker: commands are sent per node (one
+pipeline each), so a dead node makes only the keys of its slots miss, with one warning, and the
+other nodes keep serving (with ``cluster-require-full-coverage no`` on the servers; the default
+``yes`` makes every node refuse commands, CLUSTERDOWN, once the dead one is marked failed: then each
+node's breaker opens, one warning per node). The URL names one node, which must be up when the
+client first connects (it discovers the others from it).
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ class RedisStore:
         self.location = f"{url}#{self.prefix}"
         self._client: Any = None
         self._down_until = 0.0
+        self._nodes_down: dict[str, float] = {}  # cluster primary "host:port" -> breaker open until
 
     @classmethod
     def from_url(cls, url: str, fingerprint: str, codec: str = "plain") -> RedisStore:
@@ -92,9 +103,8 @@ class RedisStore:
         return self.get_many([key])[0]
 
     def get_many(self, keys: Sequence[str]) -> list[ChunkRecord | None]:
-        """The records of ``keys`` in one pipelined round trip; None for each miss."""
-        gets = [("get", self._kv(k)) for k in keys]
-        values = self._call(lambda c: _pipelined(c, gets, raise_on_error=False), [None] * len(keys))
+        """The records of ``keys`` in one pipelined round trip per node; None for each miss."""
+        values = self._per_node([("get", self._kv(k)) for k in keys], None, raise_on_error=False)
         out: list[ChunkRecord | None] = []
         for key, value in zip(keys, values):
             out.append(self._decode(key, value) if value is not None else None)
@@ -105,27 +115,26 @@ class RedisStore:
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key has a value (one round trip; a value is checked when it is read)."""
-        found = self._call(lambda c: _pipelined(c, [("exists", self._kv(k)) for k in keys]), [0] * len(keys))
-        return [bool(n) for n in found]
+        return [bool(n) for n in self._per_node([("exists", self._kv(k)) for k in keys], 0)]
 
     def texts(self) -> Iterable[str]:
-        """Every chunk text warmed into this server for this fingerprint."""
-        found = self._call(lambda c: c.hvals(self._texts_key()), [])
-        return [t.decode("utf-8") for t in found]
+        """The texts of the records stored for this fingerprint, read from their headers (every
+        primary of a cluster is scanned; a node that fails is skipped with its warning)."""
+        client = self._call(lambda c: c, None)
+        found: list[str] = []
+        for node, conn in _nodes(client) if client is not None else []:
+            found += self._guard(node, lambda conn=conn: _header_texts(conn, self.prefix, self.fingerprint), [])
+        return list(dict.fromkeys(found))
 
     # -- writes ----------------------------------------------------------------------------------
     def put(self, record: ChunkRecord) -> None:
         self.put_many([record])
 
     def put_many(self, records: Sequence[ChunkRecord]) -> None:
-        """Writes the records and their texts in one pipelined round trip (skipped while down)."""
-        if not records:
-            return
-        ops: list[tuple] = []
-        for rec in records:
-            ops.append(("set", self._kv(rec.key), integrity.encode(rec, self.fingerprint, self.codec), self.ttl_s))
-            ops.append(("hset", self._texts_key(), rec.key, rec.text))
-        self._call(lambda c: _pipelined(c, ops), None)
+        """Writes the records in one pipelined round trip per node (skipped while down)."""
+        if records:
+            fp, codec, ttl = self.fingerprint, self.codec, self.ttl_s
+            self._per_node([("set", self._kv(r.key), integrity.encode(r, fp, codec), ttl) for r in records], None)
 
     def discard(self, key: str) -> None:
         """Deletes one chunk's value (a corrupt or foreign one)."""
@@ -140,9 +149,6 @@ class RedisStore:
     def _kv(self, key: str) -> str:
         return f"{self.prefix}kv:{key}"
 
-    def _texts_key(self) -> str:
-        return f"{self.prefix}texts"
-
     def _decode(self, key: str, value: bytes | Exception) -> ChunkRecord | None:
         try:
             if isinstance(value, Exception):  # e.g. WRONGTYPE: something else under our key
@@ -153,22 +159,46 @@ class RedisStore:
             self.discard(key)
             return None
 
+    def _per_node(self, ops: list[tuple], fallback, raise_on_error: bool = True) -> list:
+        """``ops`` (one per key, the key second) pipelined per node; a failed node's get ``fallback``."""
+        out = [fallback] * len(ops)
+        client = self._call(lambda c: c, None)
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, op in enumerate(ops if client is not None else []):
+            node, conn = _node_of(client, op[1])
+            groups.setdefault(node, (conn, []))[1].append(i)
+        for node, (conn, idx) in groups.items():
+            run = lambda conn=conn, idx=idx: _pipelined(conn, [ops[i] for i in idx], raise_on_error)  # noqa: E731
+            for i, value in zip(idx, self._guard(node, run, [fallback] * len(idx))):
+                out[i] = value
+        return out
+
     def _call(self, fn, fallback):
         """fn(client), or ``fallback`` with one warning per outage if the server fails."""
-        if not self.available:
+        return self._guard(None, lambda: fn(self._connect()), fallback)
+
+    def _guard(self, node: str | None, fn, fallback):
+        """fn(), or ``fallback`` with one warning per outage of ``node`` (a cluster primary; None:
+        the whole store) if it fails; while its breaker is open, ``fallback`` at once."""
+        now = time.monotonic()
+        if now < self._down_until or (node is not None and now < self._nodes_down.get(node, 0.0)):
             return fallback
         from redis.exceptions import RedisError
 
         try:
-            return fn(self._connect())
+            return fn()
         except (RedisError, OSError) as exc:
-            self._down_until = time.monotonic() + self.retry_after_s
-            self.close()
+            if node is None:
+                self._down_until = time.monotonic() + self.retry_after_s
+                self.close()
+            else:
+                self._nodes_down[node] = time.monotonic() + self.retry_after_s
+            what = f"{self!r}" + (f" (cluster node {node}: only its slots)" if node is not None else "")
             warnings.warn(
-                f"the Redis KV tier {self!r} failed ({type(exc).__name__}: {exc}); it is skipped for "
+                f"the Redis KV tier {what} failed ({type(exc).__name__}: {exc}); it is skipped for "
                 f"{self.retry_after_s:g} s and chunks missing elsewhere are recomputed",
                 StoreWarning,
-                4,
+                5,
             )
             return fallback
 
@@ -191,10 +221,28 @@ def _client(url: str, timeout_s: float) -> Any:
     return Redis.from_url(url, **opts)
 
 
+def _nodes(client: Any) -> list[tuple[str | None, Any]]:
+    """(breaker name, plain client) of each server: one (None) for a plain server, every primary
+    of a cluster."""
+    if not hasattr(client, "get_primaries"):
+        return [(None, client)]
+    return [(n.name, client.get_redis_connection(n)) for n in client.get_primaries()]
+
+
+def _node_of(client: Any, name: str) -> tuple[str | None, Any]:
+    """(breaker name, plain client) of the server that holds key ``name`` (from the slot map)."""
+    if not hasattr(client, "get_node_from_key"):
+        return None, client
+    node = client.get_node_from_key(name)
+    return node.name, client.get_redis_connection(node)
+
+
 def _pipelined(client: Any, ops: list[tuple], raise_on_error: bool = True) -> list:
-    """Runs ``ops`` (("get", k) / ("exists", k) / ("set", k, v, ttl) / ("hset", h, f, v)) in one
-    pipeline. Connection errors always raise; ``raise_on_error=False`` returns a failed command's
-    error in its place (one odd key must not open the breaker for all)."""
+    """Runs ``ops`` (("get", k) / ("exists", k) / ("set", k, v, ttl) / ("getrange", k, a, b) /
+    ("strlen", k)) in one pipeline on one server. Connection errors always raise;
+    ``raise_on_error=False`` returns a key's own error (WRONGTYPE: something else under our key)
+    in its place, so one odd key does not open the breaker for all, and raises any other (a
+    server-wide state: CLUSTERDOWN, MOVED, LOADING)."""
     pipe = client.pipeline(transaction=False)
     for op, *args in ops:
         if op == "set":
@@ -202,7 +250,40 @@ def _pipelined(client: Any, ops: list[tuple], raise_on_error: bool = True) -> li
             pipe.set(key, value, px=int(ttl * 1000) if ttl else None)
         else:
             getattr(pipe, op)(*args)
-    return pipe.execute(raise_on_error=raise_on_error)
+    out = pipe.execute(raise_on_error=raise_on_error)
+    bad = next((r for r in out if isinstance(r, Exception) and not str(r).startswith("WRONGTYPE")), None)
+    if bad is not None:
+        raise bad
+    return out
+
+
+_HEAD = 4096  # bytes of a value read first for its header (a chunk text is usually shorter)
+
+
+def _header_texts(conn: Any, prefix: str, fingerprint: str, batch: int = 128) -> list[str]:
+    """The texts in the headers of the records under ``prefix`` on one server: SCAN, then per
+    batch one pipeline of GETRANGE (the first 4 KiB) and STRLEN, and one more for headers longer
+    than that. A value that is not a whole record of ours (or gone meanwhile) is left out."""
+    names = list(conn.scan_iter(match=f"{prefix}kv:*", count=1000))
+    texts: list[str] = []
+    for at in range(0, len(names), batch):
+        part = names[at : at + batch]
+        got = _pipelined(conn, [op for n in part for op in (("getrange", n, 0, _HEAD - 1), ("strlen", n))], False)
+        heads, sizes = got[0::2], got[1::2]
+        spans = [integrity.header_span(h) if isinstance(h, bytes) else 0 for h in heads]
+        longer = [i for i, h in enumerate(heads) if spans[i] > _HEAD and len(h) == _HEAD]
+        for i, h in zip(longer, _pipelined(conn, [("getrange", part[i], 0, spans[i] - 1) for i in longer], False)):
+            heads[i] = h
+        for name, head, size in zip(part, heads, sizes):
+            key = (name.decode() if isinstance(name, bytes) else name)[len(prefix) + 3 :]
+            try:
+                meta, _, end = integrity.parse_header(head, fingerprint, key)
+            except (integrity.RecordError, TypeError):
+                continue  # not ours, torn, or evicted after the scan (b""): a miss when read
+            if end == size:
+                texts.append(meta["text"])
+    return texts
+
 
 
 def _redact(url: str) -> str:
