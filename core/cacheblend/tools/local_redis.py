@@ -100,3 +100,63 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.kill()
             self.proc = None
+
+
+class RedisClusterNodes:
+    """A local Redis Cluster: ``nodes`` primaries (``redis-server --cluster-enabled yes`` on free
+    ports whose bus ports are free too), no replicas, the 16,384 slots split evenly between them,
+    joined with CLUSTER MEET and ADDSLOTS. ``url``: a ``redis+cluster://`` URL of node 0 (a
+    client discovers the rest); ``node_url(i)``: node ``i`` alone. ``config``: more server
+    options, e.g. ``{"cluster-require-full-coverage": "no"}`` so the live nodes keep serving their
+    slots while one is down (the default, ``yes``, stops the whole cluster once the dead node is
+    marked failed, after ``cluster-node-timeout``)."""
+
+    def __init__(self, workdir: Path, nodes: int = 3, **config: str) -> None:
+        base = {"cluster-enabled": "yes", "cluster-config-file": "nodes.conf", "cluster-node-timeout": "1000"}
+        self.servers = [RedisServer(Path(workdir) / f"node{i}", **{**base, **config}) for i in range(nodes)]
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.servers[0].port}"
+
+    def node_url(self, i: int) -> str:
+        return self.servers[i].url
+
+    def start(self, timeout_s: float = 30.0) -> RedisClusterNodes:
+        import redis
+
+        try:
+            for srv in self.servers:
+                srv.start()
+            admins = [redis.Redis(host="127.0.0.1", port=s.port) for s in self.servers]
+            for admin in admins[1:]:
+                admin.execute_command("CLUSTER", "MEET", "127.0.0.1", self.servers[0].port)
+            bounds = [16384 * i // len(admins) for i in range(len(admins) + 1)]
+            for admin, lo, hi in zip(admins, bounds, bounds[1:]):
+                admin.execute_command("CLUSTER", "ADDSLOTS", *range(lo, hi))
+            deadline = time.monotonic() + timeout_s
+            while not all(_cluster_ok(a, len(admins)) for a in admins):
+                if time.monotonic() > deadline:
+                    ports = [s.port for s in self.servers]
+                    raise RuntimeError(f"the cluster on ports {ports} did not reach cluster_state:ok")
+                time.sleep(0.05)
+            for admin in admins:
+                admin.close()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node ``i``: its slots are unreachable until it starts again."""
+        self.servers[i].kill()
+
+    def stop(self) -> None:
+        for srv in self.servers:
+            srv.stop()
+
+
+def _cluster_ok(admin, nodes: int) -> bool:
+    info = admin.execute_command("CLUSTER", "INFO")
+    info = info.decode() if isinstance(info, bytes) else str(info)
+    return "cluster_state:ok" in info and f"cluster_known_nodes:{nodes}" in info
