@@ -17,7 +17,7 @@ from .serving.command import DEFAULT_STORE
 
 DESCRIPTION = """The ``cacheblend`` command: demo, warm, ask, bench.
 
-    cacheblend demo                      index the pydoc corpus, warm its KV, answer questions
+    cacheblend demo                      index the pydoc corpus, answer questions, warm KV on miss
     cacheblend warm DOCS --dir IDX       a folder of .txt/.md files or a .jsonl ({"text": ...}) into IDX
     cacheblend ask "question" --dir IDX  retrieve from IDX, answer with blending (--compare: vs full prefill)
     cacheblend bench [--dataset musique.json]
@@ -92,8 +92,16 @@ def _index_args(sp, demo: bool = False) -> None:
     neighbours_arg(sp)
 
 
+def _warm_limit(sp, default: int | None) -> None:
+    said = "none" if default == 0 else "all"
+    sp.add_argument("--warm-limit", type=int, default=default, metavar="N",
+                    help=f"warm the KV of at most the first N passages when indexing (default: {said}); the "
+                         "others are warmed on miss, after the first answer that retrieves them")
+
+
 def _demo(d) -> None:
     _index_args(d, demo=True)
+    _warm_limit(d, 0)
     d.add_argument("--top-k", type=int, default=6)
     d.add_argument("--ratio", type=float, default=None)
     d.add_argument("--questions", type=int, default=len(DEMO_QUESTIONS))
@@ -104,6 +112,7 @@ def _demo(d) -> None:
 def _warm(w) -> None:
     w.add_argument("source", help="a folder of .txt/.md files, or a .jsonl file with a 'text' field")
     _index_args(w)
+    _warm_limit(w, None)
 
 
 def _ask(a) -> None:
@@ -156,7 +165,7 @@ def _serve(s) -> None:
 
 # name -> (its line in ``cacheblend --help``, what adds its arguments), in the order --help lists them
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "demo": ("index the pydoc corpus, warm its KV, answer questions", _demo),
+    "demo": ("index the pydoc corpus, answer questions, warm their passages' KV on miss", _demo),
     "warm": ("index documents and warm their KV into the directory's store", _warm),
     "ask": ("answer a question over an index with blending", _ask),
     "bench": ("TTFT and quality: full prefill, prefix caching, full reuse, CacheBlend", _bench),

@@ -74,7 +74,7 @@ class BlendEngine:
         self._lock = threading.RLock()  # the stores and the finder (the model itself is not shared state)
         self.requests = RequestBuilder(tokenizer, self.finder, self.context_window, self._lock)
         self.clock, self.misses = IdleClock(), MissQueue() if warm_on_miss else None
-        self._background = BackgroundWarmer(self.warm, self.misses, self.clock) if warm_on_miss else None
+        self._background = BackgroundWarmer(self._warm_missed, self.misses, self.clock) if warm_on_miss else None
 
     @classmethod
     def from_pretrained(
@@ -171,10 +171,13 @@ class BlendEngine:
         it behind, most similar first; by default the most similar chunks the engine knows."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        target = self.attach_store(store_dir) if store_dir is not None else None
+        return self._warm(texts, target, neighbours, batch_size, progress)
+
+    def _warm(self, texts, target: KVTier | None, neighbours=None, batch_size: int = 8, progress=None) -> list[ChunkKey]:
         chunks = self.warmer.prepare(texts)
         given = self.warmer.given_neighbours(chunks, neighbours)
         with self._lock:
-            target = self.attach_store(store_dir) if store_dir is not None else None
             if self.neighbours:
                 self.warmer.learn(chunks, self.finder)
             report = self.warmer.run(chunks, self.stores, target, given=given, batch_size=batch_size, progress=progress)
@@ -186,6 +189,15 @@ class BlendEngine:
         """The records a prompt's chunks (token ids, in prompt order) read, None for a miss."""
         with self._lock:
             return self.stores.prompt_records(chunks, self.record_keys)
+
+    def _warm_missed(self, texts: list[str]) -> list[ChunkKey]:
+        """Warm on miss: into memory, the first attached local store (a folder) and every shared tier."""
+        return self._warm(texts, next((t for t in self.stores.attached if not t.shared), None), progress=False)
+
+    def warm_pending(self, timeout: float = 300.0) -> bool:
+        """Waits until every chunk queued by warm on miss so far is warmed (e.g. before a short-lived
+        process exits); True when done within ``timeout`` s (also when warm on miss is off)."""
+        return self._background is None or self._background.drain(timeout)
 
     def close(self) -> None:
         """Stops the warm-on-miss thread (queued chunks are not warmed); the engine stays usable."""
@@ -231,7 +243,7 @@ class BlendEngine:
         return self._stream(lambda t0: self._prefill(request, recompute_ratio, None, t0), decoding)
 
     def _stream(self, prefill, decoding: Decoding) -> GenerationStream:
-        return GenerationStream(prefill, decoding, self.tokenizer, self.eos_ids, self.context_window)
+        return GenerationStream(prefill, decoding, self.tokenizer, self.eos_ids, self.context_window, self.clock.busy)
 
     def generate(self, prompt: str | Request | None = None, **kwargs: Any) -> Generation:
         """Generates an answer from ``prompt`` (a string or a ``Request``) or ``chunks``/``query``/

@@ -33,7 +33,7 @@ def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_w
         assert first.stats.chunk_misses == 3 and first.stats.cached_tokens == 0
         assert first.missed == PASSAGES
         assert torch.equal(first.output.logits, same.output.logits)  # warm on miss changes no answer
-        assert eager._background.drain(60)
+        assert eager.warm_pending(60)
         assert all(eager.is_warm(p) for p in PASSAGES) and eager.misses.warmed == 3
         plain.warm(PASSAGES)  # what index-time warming stores, for comparison
         for text in PASSAGES:  # the same neighbours: the missed prompt's passages were known before any warmed
@@ -57,7 +57,7 @@ def test_expected_texts_are_found_in_raw_prompts_and_warmed_after_their_first_mi
         prompt = f"Context:\n{PASSAGES[1]}\n\n{PASSAGES[0]}\n\nQuestion: {QUESTION}"
         first = eager.generate(prompt, max_new_tokens=4)
         assert first.stats.chunk_misses == 2 and first.stats.chunk_hits == 0
-        assert eager._background.drain(60)
+        assert eager.warm_pending(60)
         second = eager.generate(prompt, max_new_tokens=4)
         assert second.stats.chunk_hits == 2 and second.stats.chunk_misses == 0
     finally:
@@ -121,6 +121,36 @@ def test_a_prefill_waits_for_at_most_the_one_chunk_being_warmed(tokenizer):
         assert started.wait(30)
         eager.prefill(chunks=PASSAGES[:1], query=QUESTION)
         assert seen and seen[0] <= 1, f"the prefill read its records after {seen[0]} of 6 chunks were warmed"
-        assert eager._background.drain(60) and eager.misses.warmed == 7  # the six, then the prefill's own miss
+        assert eager.warm_pending(60) and eager.misses.warmed == 7  # the six, then the prefill's own miss
+    finally:
+        eager.close()
+
+
+def test_a_chunk_warmed_on_miss_lands_in_the_attached_disk_store_for_the_next_process(tokenizer, tmp_path):
+    model = tiny_model("llama")
+    cfg = BlendConfig(kv_dtype="float32", neighbours=0)
+    eager = BlendEngine(model, tokenizer, config=cfg, warm_on_miss=True)
+    try:
+        eager.attach_store(tmp_path / "kv")
+        assert eager.prefill(chunks=PASSAGES[:2], query=QUESTION).stats.chunk_misses == 2
+        assert eager.warm_pending(60)
+    finally:
+        eager.close()
+    later = BlendEngine(model, tokenizer, config=cfg)  # a new process: nothing in memory
+    later.attach_store(tmp_path / "kv")
+    assert later.prefill(chunks=PASSAGES[:2], query=QUESTION).stats.chunk_hits == 2
+
+
+def test_nothing_is_warmed_while_a_generation_streams(tokenizer):
+    """The whole generation (prefill and decoding) keeps the worker off the model, so a background
+    warm never slows the answer being streamed (nor a full prefill measured beside it)."""
+    eager, _ = _engines(tokenizer)
+    try:
+        stream = eager.stream(chunks=PASSAGES[:1], query=QUESTION, max_new_tokens=32)
+        next(stream)  # prefilled, its miss queued, decoding under way
+        time.sleep(0.4)
+        assert eager.misses.offered == 1 and eager.misses.warmed == 0  # taken by the worker, which waits
+        stream.consume()
+        assert eager.warm_pending(60) and eager.misses.warmed == 1
     finally:
         eager.close()

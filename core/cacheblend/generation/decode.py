@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -188,10 +189,19 @@ class GenerationStream:
     Work starts at the first ``next()``; ``ttft_s`` and ``total_s`` count from there.
     """
 
-    def __init__(self, prefill, decoding: Decoding, tokenizer: Any, eos_ids: set[int], window: int) -> None:
-        """``prefill(started) -> Prefilled`` runs lazily, at the first ``next()``."""
+    def __init__(
+        self, prefill, decoding: Decoding, tokenizer: Any, eos_ids: set[int], window: int, busy=nullcontext
+    ) -> None:
+        """``prefill(started) -> Prefilled`` runs lazily, at the first ``next()``; ``busy()`` is a
+        context held from then until the last piece (the engine's ``IdleClock``: no background
+        warming while a generation runs)."""
         self.result: Generation | None = None
-        self._it = self._run(prefill, decoding, tokenizer, eos_ids, window)
+        self._it = self._busy(busy, self._run(prefill, decoding, tokenizer, eos_ids, window))
+
+    @staticmethod
+    def _busy(busy, pieces: Iterator[str]) -> Iterator[str]:
+        with busy():
+            yield from pieces
 
     def __iter__(self) -> Iterator[str]:
         return self._it
