@@ -127,3 +127,18 @@ def test_with_full_coverage_required_a_dead_node_stops_every_slot_but_never_rais
     warned = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
     # the first store: node 1 refused (1); the new one: node 1 refused, nodes 0 and 2 CLUSTERDOWN (3)
     assert len(warned) == 4 and sum("ClusterDownError" in m for m in warned) == 2, warned
+
+
+def test_a_cluster_url_on_a_plain_server_is_a_miss_with_one_warning_not_an_exception(tmp_path):
+    from cacheblend.tools.local_redis import RedisServer
+
+    srv = RedisServer(tmp_path / "plain").start()  # not cluster-enabled: discovery fails
+    try:
+        store = RedisStore(f"redis+cluster://127.0.0.1:{srv.port}", FP)
+        with pytest.warns(StoreWarning) as caught:
+            assert store.get_many([r.key for r in records(3)]) == [None] * 3
+            assert list(store.texts()) == [] and not store.available
+            store.put_many(records(3))
+        assert len([w for w in caught if issubclass(w.category, StoreWarning)]) == 1
+    finally:
+        srv.stop()

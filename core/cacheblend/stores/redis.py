@@ -5,23 +5,20 @@ self-describing record as a disk file (``integrity``: header with fingerprint, l
 and checksum), so a value written for another model, altered, or cut short is a miss. There is no
 separate catalogue: ``texts()`` SCANs the keys and reads each value's header (``GETRANGE``, in
 pipelined batches), so a record the server evicts takes its text with it and no eviction can hide
-a record that is still there. (A record evicted after its header was read is still named: a miss
-when used, recomputed.) A ``cacheblend:<fp>:texts`` hash left by older versions is not read.
+a record that is still there (one evicted after its header was read is named: a miss when used).
+A ``cacheblend:<fp>:texts`` hash left by older versions is not read.
 
 Eviction is the server's job: run it with ``maxmemory <bytes>`` and ``maxmemory-policy
 allkeys-lfu`` (recency and popularity, server side: the hot set stays, one-off chunks go first);
-``ttl_s`` sets an expiry on every chunk value in addition. ``texts()`` reads each header once per
-process start, which counts as one access in the server's (logarithmic) LFU counter.
+``ttl_s`` sets an expiry on every value too. ``texts()`` reading a header is one LFU access.
 
 The server is never trusted to be there. Every call has a bounded timeout and no retries; the first
 failure (down, slow, out of memory) opens a circuit breaker for ``retry_after_s`` seconds during
 which the tier is skipped, and warns once per outage. A query never raises because of Redis.
-On Redis Cluster (``+cluster``) each primary has its own breaker: commands are sent per node (one
-pipeline each), so a dead node makes only the keys of its slots miss, with one warning, and the
-other nodes keep serving (with ``cluster-require-full-coverage no`` on the servers; the default
-``yes`` makes every node refuse commands, CLUSTERDOWN, once the dead one is marked failed: then each
-node's breaker opens, one warning per node). The URL names one node, which must be up when the
-client first connects (it discovers the others from it).
+On Redis Cluster (``+cluster``) each primary has its own breaker and its own pipeline: a dead node
+makes only its slots miss, one warning, if the servers run ``cluster-require-full-coverage no``
+(with the default ``yes`` every node answers CLUSTERDOWN once the dead one is marked failed: one
+warning per node). The URL's node must be up when a process first connects (discovery).
 """
 
 from __future__ import annotations
@@ -138,7 +135,7 @@ class RedisStore:
 
     def discard(self, key: str) -> None:
         """Deletes one chunk's value (a corrupt or foreign one)."""
-        self._call(lambda c: c.delete(self._kv(key)), None)
+        self._per_node([("delete", self._kv(key))], None)
 
     def close(self) -> None:
         if self._client is not None:
@@ -165,7 +162,10 @@ class RedisStore:
         client = self._call(lambda c: c, None)
         groups: dict[str, tuple[Any, list[int]]] = {}
         for i, op in enumerate(ops if client is not None else []):
-            node, conn = _node_of(client, op[1])
+            try:
+                node, conn = _node_of(client, op[1])
+            except _errors():
+                continue  # a slot no node serves now (SlotNotCoveredError): that key misses
             groups.setdefault(node, (conn, []))[1].append(i)
         for node, (conn, idx) in groups.items():
             run = lambda conn=conn, idx=idx: _pipelined(conn, [ops[i] for i in idx], raise_on_error)  # noqa: E731
@@ -183,11 +183,9 @@ class RedisStore:
         now = time.monotonic()
         if now < self._down_until or (node is not None and now < self._nodes_down.get(node, 0.0)):
             return fallback
-        from redis.exceptions import RedisError
-
         try:
             return fn()
-        except (RedisError, OSError) as exc:
+        except _errors() as exc:
             if node is None:
                 self._down_until = time.monotonic() + self.retry_after_s
                 self.close()
@@ -221,6 +219,13 @@ def _client(url: str, timeout_s: float) -> Any:
     return Redis.from_url(url, **opts)
 
 
+def _errors() -> tuple[type[Exception], ...]:
+    """What a failing server raises (RedisClusterException, e.g. at discovery, is no RedisError)."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    return RedisError, RedisClusterException, OSError
+
+
 def _nodes(client: Any) -> list[tuple[str | None, Any]]:
     """(breaker name, plain client) of each server: one (None) for a plain server, every primary
     of a cluster."""
@@ -239,7 +244,7 @@ def _node_of(client: Any, name: str) -> tuple[str | None, Any]:
 
 def _pipelined(client: Any, ops: list[tuple], raise_on_error: bool = True) -> list:
     """Runs ``ops`` (("get", k) / ("exists", k) / ("set", k, v, ttl) / ("getrange", k, a, b) /
-    ("strlen", k)) in one pipeline on one server. Connection errors always raise;
+    ("strlen", k) / ("delete", k)) in one pipeline on one server. Connection errors always raise;
     ``raise_on_error=False`` returns a key's own error (WRONGTYPE: something else under our key)
     in its place, so one odd key does not open the breaker for all, and raises any other (a
     server-wide state: CLUSTERDOWN, MOVED, LOADING)."""
