@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-import cacheblend.engine as engine_mod
+import cacheblend.prefilling as prefill_mod  # where the request path calls blend_prefill
 from cacheblend import BlendEngine
 from cacheblend.tools.datasets import pydoc_passages, pydoc_workload
 from runfile import RunRecord, add_common
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     old_blend = load_at(args.ref, blend_path, "ab_old_blend", "cacheblend.blending", ("feed", "rope", "rows"))
     old_adapter = load_at(args.ref, "core/cacheblend/models/adapter.py", "ab_old_adapter", "cacheblend.models")
     sides = {
-        "new": (engine.adapter, engine_mod.blend_prefill),
+        "new": (engine.adapter, prefill_mod.blend_prefill),
         "old": (old_adapter.adapt(engine.adapter.model), old_blend.blend_prefill),
     }
     lo = args.chunk_tokens * 3 // 4
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         outputs = []
         for _ in range(args.repeats):
             for side, (adapter, blend) in sides.items():
-                engine.adapter, engine_mod.blend_prefill = adapter, blend
+                engine.prefiller.adapter, prefill_mod.blend_prefill = adapter, blend
                 t = time.perf_counter()
                 pre = engine.prefill(**req, recompute_ratio=args.ratio)
                 if side == "old" and args.old_clone:  # Prefilled.cache() before 9c02532: a clone, then a copy
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 times[side].append(time.perf_counter() - t)
                 if len(outputs) < 2:  # the first repeat's new and old outputs, compared below
                     outputs.append(pre.output)
-            engine.adapter, engine_mod.blend_prefill = sides["new"]
+            engine.prefiller.adapter, prefill_mod.blend_prefill = sides["new"]
             times["full"].append(engine.prefill(**req, recompute_ratio=1.0).stats.ttft_s)
         diffs.append(_max_diff(*outputs[:2]))
         print(f"{len(ex.passages)} chunks: new vs old max |diff| {diffs[-1]:.3g} (logits and KV)")
