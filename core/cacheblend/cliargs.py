@@ -157,6 +157,9 @@ def _serve(s) -> None:
                    help="tokens the prefills between two decode steps may compute (at least one request "
                         "is admitted); waiting requests are admitted until it is spent (default 4096)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    s.add_argument("--store-max-gib", type=float, default=None, metavar="GIB",
+                   help="bound a folder --store to this many GiB (recency and popularity decide what stays; a Redis "
+                        "server bounds itself: maxmemory with maxmemory-policy allkeys-lfu)")
     s.add_argument("--no-warm-on-miss", dest="warm_on_miss", action="store_false",
                    help="warm a request's unseen documents before its prefill instead of when the server is "
                         "idle after it (default: warm on miss; see cacheblend.warm_on_miss)")

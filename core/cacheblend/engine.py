@@ -127,11 +127,12 @@ class BlendEngine:
         return render_chat(self.tokenizer, messages)
 
     # -- stores and warming ---------------------------------------------------------------------
-    def attach_store(self, store_dir: str | Path) -> KVTier:
+    def attach_store(self, store_dir: str | Path, *, max_bytes: int | None = None) -> KVTier:
         """Reads chunk KV from (and learns the chunk texts of) the store at ``store_dir``: a folder
         (a disk store) or a URL of a tier in ``cacheblend.stores.tier.SCHEMES`` (``redis://`` ...,
-        shared by every process attached to it; ``warm`` writes through to it)."""
-        tier = open_tier(store_dir, self.fingerprint, compact.codec_for(self.config.kv_dtype))
+        shared by every process attached to it; ``warm`` writes through to it). ``max_bytes``: a
+        folder's byte budget (``stores/policy.py`` evicts; a Redis server bounds itself)."""
+        tier = open_tier(store_dir, self.fingerprint, compact.codec_for(self.config.kv_dtype), max_bytes=max_bytes)
         with self._lock:
             tier = self.stores.attach(tier)
             self.finder.add(tier.texts())

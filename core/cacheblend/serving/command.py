@@ -22,7 +22,13 @@ def cmd_serve(args) -> int:
     from ..config import BlendConfig
 
     config = BlendConfig(neighbours=args.neighbours)
-    engine = BlendEngine.from_pretrained(args.model, device=args.device, store_dir=store, config=config)
+    engine = BlendEngine.from_pretrained(args.model, device=args.device, config=config)
+    if store is not None:
+        budget = int(args.store_max_gib * 2**30) if args.store_max_gib else None
+        if budget is not None and remote:
+            raise ValueError("--store-max-gib bounds a folder store; a Redis server bounds itself (maxmemory, "
+                             "maxmemory-policy allkeys-lfu)")
+        engine.attach_store(store, max_bytes=budget)
     app = create_app(
         engine,
         store_dir=None if remote else store,  # warm() writes through to every attached shared tier
