@@ -29,7 +29,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.runnables.config import run_in_executor
 
-from cacheblend.integrations import KV_DIR, read_json, unstored_texts, warmable, write_json
+from cacheblend.integrations import KV_DIR, WarmCap, read_json, unstored_texts, warmable, write_json
 
 from .params import resolve_engine
 from .warming import warm_texts
@@ -53,6 +53,8 @@ class CacheBlendFAISS(FAISS):
         model). Use the model your ``ChatCacheBlend`` uses so both meet in one engine.
     kv_dir: write KV to this disk store as it is computed (large corpora: the memory store has a
         byte budget, and disk keeps what it evicts); default memory only until ``save_local``.
+    warm_limit: warm only the first N documents added (0: none; default: all); the others are
+        warmed on miss, after the first answer that retrieves them (``cacheblend.integrations.WarmCap``).
     """
 
     def __init__(
@@ -60,12 +62,14 @@ class CacheBlendFAISS(FAISS):
         *args: Any,
         engine: BlendEngine | str | None = None,
         kv_dir: str | os.PathLike | None = None,
+        warm_limit: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._engine_spec = engine
         self._engine: BlendEngine | None = None
         self.kv_dir = Path(kv_dir) if kv_dir is not None else None
+        self._cap = WarmCap(warm_limit)
 
     @property
     def engine(self) -> BlendEngine:
@@ -78,6 +82,7 @@ class CacheBlendFAISS(FAISS):
         """Warms ``texts`` in this store's engine (and ``store_dir``, default ``kv_dir``); returns how
         many. An engine that warms chunks behind similar passages (``BlendConfig(neighbours=K)``)
         gets each document's nearest documents by this index's own vectors and distance."""
+        texts = self._cap.split(self.engine, texts)
         return warm_texts(texts, self.engine, store_dir=store_dir or self.kv_dir, neighbours=self.nearest_texts)
 
     def nearest_texts(self, texts: list[str]) -> list[list[str] | None]:
@@ -183,7 +188,10 @@ class CacheBlendFAISS(FAISS):
         super().save_local(str(folder_path), index_name)
         kv_dir = Path(folder_path) / KV_DIR
         texts = [d.page_content for d in self.documents()]
-        self.warm(texts, store_dir=kv_dir)
+        if self._cap.limit is None:
+            self.warm(texts, store_dir=kv_dir)
+        else:  # capped: what is stored so far is copied (nothing computed); the rest stays warm-on-miss
+            warm_texts([t for t in warmable(texts) if self.engine.is_warm(t.strip())], self.engine, store_dir=kv_dir)
         write_json(kv_dir / f"{index_name}.json", {
             "format": MANIFEST_FORMAT,
             "model": self.engine.name,

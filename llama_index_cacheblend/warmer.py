@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cacheblend
-from cacheblend.integrations import warm_fitting
+from cacheblend.integrations import WarmCap, warm_fitting
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 
@@ -98,7 +98,13 @@ class KVCacheWarmer(TransformComponent):
         default=None, exclude=True, description="Progress bar; None shows it from 16 chunks to compute."
     )
 
+    warm_limit: int | None = Field(
+        default=None, ge=0, exclude=True,
+        description="Warm only the first N nodes (0: none); the others are warmed on miss (WarmCap).",
+    )
+
     _engine: BlendEngine = PrivateAttr()
+    _cap: WarmCap = PrivateAttr()
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.pop("fingerprint", None)  # always recomputed from the engine actually loaded
@@ -110,6 +116,7 @@ class KVCacheWarmer(TransformComponent):
             self.store_dir = str(Path(self.store_dir).resolve())
             self._engine.attach_store(self.store_dir)
         self.kv_location = f"disk:{self.store_dir}" if self.store_dir else _PROCESS_MEMORY
+        self._cap = WarmCap(self.warm_limit)
 
     def __getstate__(self) -> dict[str, Any]:
         """Settings only: an IngestionPipeline with num_workers > 1 pickles its transforms, and each
@@ -129,7 +136,7 @@ class KVCacheWarmer(TransformComponent):
         """Warms ``nodes`` (e.g. nodes given to ``index.insert_nodes``); returns the chunk keys of
         those warmed. Short texts are skipped, and over-long ones with a warning (never the batch):
         see ``cacheblend.integrations.warm_fitting``."""
-        texts = llm_texts(nodes, strict=self.strict)
+        texts = self._cap.split(self._engine, llm_texts(nodes, strict=self.strict))
         return warm_fitting(
             self._engine, texts, store_dir=self.store_dir, batch_size=self.batch_size, progress=self.show_progress
         )

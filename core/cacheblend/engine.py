@@ -73,8 +73,9 @@ class BlendEngine:
         self.eos_ids = eos_ids(model, tokenizer)
         self._lock = threading.RLock()  # the stores and the finder (the model itself is not shared state)
         self.requests = RequestBuilder(tokenizer, self.finder, self.context_window, self._lock)
-        self.clock, self.misses = IdleClock(), MissQueue() if warm_on_miss else None
-        self._background = BackgroundWarmer(self._warm_missed, self.misses, self.clock) if warm_on_miss else None
+        self.clock, self.misses, self._background = IdleClock(), None, None
+        if warm_on_miss:
+            self.enable_warm_on_miss()
 
     @classmethod
     def from_pretrained(
@@ -194,6 +195,14 @@ class BlendEngine:
     def _warm_missed(self, texts: list[str]) -> list[ChunkKey]:
         """Warm on miss: into memory, the first attached local store (a folder) and every shared tier."""
         return self._warm(texts, next((t for t in self.stores.attached if not t.shared), None), progress=False)
+
+    def enable_warm_on_miss(self, limit: int = 256) -> None:
+        """Turns warm on miss on (idempotent): from now on each chunk a prefill finds in no tier is
+        queued (at most ``limit`` waiting) and warmed on a background thread while no generation runs."""
+        with self._lock:
+            if self._background is None:
+                self.misses = MissQueue(limit)
+                self._background = BackgroundWarmer(self._warm_missed, self.misses, self.clock)
 
     def warm_pending(self, timeout: float = 300.0) -> bool:
         """Waits until every chunk queued by warm on miss so far is warmed (e.g. before a short-lived

@@ -5,6 +5,7 @@ bounded and deduplicated, and a chunk that cannot be warmed is counted, never ra
 import threading
 import time
 
+import pytest
 import torch
 from tiny_models import tiny_model
 
@@ -154,3 +155,25 @@ def test_nothing_is_warmed_while_a_generation_streams(tokenizer):
         assert eager.warm_pending(60) and eager.misses.warmed == 1
     finally:
         eager.close()
+
+
+def test_a_warm_cap_warms_the_first_texts_and_leaves_the_rest_to_warm_on_miss(tokenizer):
+    from cacheblend.integrations import WarmCap
+
+    _, engine = _engines(tokenizer)  # no warm on miss yet: the cap switches it on
+    try:
+        cap = WarmCap(1)
+        assert cap.split(engine, PASSAGES[:1]) == PASSAGES[:1]  # within the cap
+        engine.warm(PASSAGES[:1])
+        assert cap.split(engine, PASSAGES[1:]) == [] and engine.misses is not None  # past it: expected only
+        prompt = f"{PASSAGES[0]}\n\n{PASSAGES[1]}\n\n{PASSAGES[2]}\n\n{QUESTION}"
+        first = engine.generate(prompt, max_new_tokens=2)
+        assert (first.stats.chunk_hits, first.stats.chunk_misses) == (1, 2)
+        assert engine.warm_pending(60)
+        assert engine.generate(prompt, max_new_tokens=2).stats.chunk_hits == 3
+        assert WarmCap(None).split(engine, ["x"]) == ["x"]
+        for bad in (-1, 1.5, True):
+            with pytest.raises(ValueError, match="warm_limit"):
+                WarmCap(bad)
+    finally:
+        engine.close()

@@ -6,7 +6,8 @@ besides ``cacheblend``'s own public names).
 - ``iterate_in_thread``: the async bridge from a blocking engine stream to an event loop.
 - ``SentenceEncoder`` / ``bundled_embedding_path``: offline sentence embeddings.
 - ``warm_fitting`` / ``warmable`` / ``MIN_CHARS`` / ``ChunkTooLongWarning``: how an index warms
-  what it adds (short texts skipped, over-long ones skipped with a warning, never a lost batch).
+  what it adds (short texts skipped, over-long ones skipped with a warning, never a lost batch);
+  ``WarmCap``: index-time warming capped at the first N texts, the rest warmed on miss.
 - ``KV_DIR`` / ``kv_store_dir`` / ``unstored_texts`` / ``write_json`` / ``read_json``: the KV
   store beside a persisted index.
 - ``lazy_exports``: public names that load on first use (how these packages stay torch-free).
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .persistence import KV_DIR, kv_store_dir, read_json, unstored_texts, write_json
     from .threads import iterate_in_thread
     from .usage import Usage
-    from .warming import MIN_CHARS, ChunkTooLongWarning, warm_fitting, warmable
+    from .warming import MIN_CHARS, ChunkTooLongWarning, WarmCap, warm_fitting, warmable
 
 _EXPORTS = {
     "ChunkTooLongWarning": "warming",
@@ -35,6 +36,7 @@ _EXPORTS = {
     "MIN_CHARS": "warming",
     "SentenceEncoder": "embeddings",
     "Usage": "usage",
+    "WarmCap": "warming",
     "bundled_embedding_path": "embeddings",
     "iterate_in_thread": "threads",
     "kv_store_dir": "persistence",

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..engine import BlendEngine
     from ..stores import ChunkKey
 
-__all__ = ["MIN_CHARS", "ChunkTooLongWarning", "warm_fitting", "warmable"]
+__all__ = ["MIN_CHARS", "ChunkTooLongWarning", "WarmCap", "warm_fitting", "warmable"]
 
 
 class ChunkTooLongWarning(UserWarning):
@@ -71,3 +71,29 @@ def warm_fitting(
         return []
     near = neighbours(todo) if neighbours is not None and engine.neighbours else None
     return engine.warm(todo, store_dir=store_dir, batch_size=batch_size, progress=progress, neighbours=near)
+
+
+class WarmCap:
+    """Index-time warming capped at the first ``limit`` texts an index adds (None: no cap), so that
+    a large corpus indexes fast and the store fills from traffic: texts past the cap are only
+    expected (``BlendEngine.expect``: found in prompts, computed there) and the engine's warm on
+    miss is switched on, so each is warmed after the first answer that retrieves it."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"warm_limit must be None or an integer >= 0, got {limit!r}")
+        self.limit, self.used = limit, 0
+
+    def split(self, engine: BlendEngine, texts: Iterable[str]) -> list[str]:
+        """The texts to warm now (within the cap); expects the others on ``engine``."""
+        texts = list(texts)
+        if self.limit is None:
+            return texts
+        texts = warmable(texts)
+        room = max(0, self.limit - self.used)
+        now, later = texts[:room], texts[room:]
+        self.used += len(now)
+        if later:
+            engine.enable_warm_on_miss()
+            engine.expect(t.strip() for t in later)
+        return now
