@@ -133,9 +133,6 @@ def test_the_engine_refuses_a_bad_ratio_string(make_engine):
         engine.prefill(chunks=CHUNKS[:1], query="?", recompute_ratio="fast")
 
 
-@pytest.mark.xfail(reason="the engine's prefill (prefilling.py / engine.py, not part of this change) still reports "
-                          "cfg.recompute_ratio; it must report BlendOutput.ratio and budget_signal when set",
-                   strict=False)
 def test_blend_stats_report_the_chosen_ratio(make_engine):
     engine = make_engine("llama")
     engine.warm(CHUNKS)
