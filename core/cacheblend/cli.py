@@ -49,17 +49,9 @@ def _build(engine, index_dir: Path, texts: list[str], limit: int | None = None) 
     """Adds ``texts`` to the index at ``index_dir`` and warms the KV of its first ``limit`` passages
     (None: all) into its store; returns the index and what it took (passages embedded, chunks
     computed, seconds of each)."""
-    from .tools.demo_index import KV_DIR, PassageIndex, default_embedder
+    from .tools.demo_index import KV_DIR
 
-    embedder = default_embedder()
-    index = PassageIndex.load(index_dir, embedder) if PassageIndex.exists(index_dir) else PassageIndex(embedder)
-    t = time.perf_counter()
-    added = index.add(texts)
-    index.save(index_dir)
-    index_s = time.perf_counter() - t
-    print(f"index: {added} new passages embedded ({len(index.texts)} in all) in {index_s:.1f}s")
-    if limit is not None and limit < 0:
-        raise ValueError(f"--warm-limit must be >= 0, got {limit}")
+    index, added, index_s = _index(index_dir, texts, limit)
     disk = engine.attach_store(index_dir / KV_DIR)
     warmed = index.texts[:limit]
     todo = sum(key not in disk for key in engine.chunk_keys(warmed))
@@ -71,6 +63,23 @@ def _build(engine, index_dir: Path, texts: list[str], limit: int | None = None) 
           f"({warm_s:.1f}s)" + (f"; {later} left to warm on miss" if later else ""))
     return index, {"passages": len(index.texts), "embedded": added, "index_s": index_s, "computed": todo,
                    "warm_s": warm_s, "warm_limit": limit}
+
+
+def _index(index_dir: Path, texts: list[str], limit: int | None):
+    """Adds ``texts`` to the index at ``index_dir`` (embedding the new ones); returns the index,
+    the passages added and the seconds it took."""
+    from .tools.demo_index import PassageIndex, default_embedder
+
+    if limit is not None and limit < 0:
+        raise ValueError(f"--warm-limit must be >= 0, got {limit}")
+    embedder = default_embedder()
+    index = PassageIndex.load(index_dir, embedder) if PassageIndex.exists(index_dir) else PassageIndex(embedder)
+    t = time.perf_counter()
+    added = index.add(texts)
+    index.save(index_dir)
+    index_s = time.perf_counter() - t
+    print(f"index: {added} new passages embedded ({len(index.texts)} in all) in {index_s:.1f}s")
+    return index, added, index_s
 
 
 def cmd_demo(args) -> int:
@@ -123,7 +132,32 @@ def cmd_warm(args) -> int:
     texts = _read_source(Path(args.source), lambda text: pack_paragraphs(text, engine.count_tokens, args.max_tokens))
     if not texts:
         raise ValueError(f"no text found in {args.source}")
-    _build(engine, Path(args.dir), texts, args.warm_limit)
+    if args.ray is None:
+        if args.store is not None:
+            raise ValueError("--store is for --ray (without it, warm writes the index's own store, DIR/cacheblend)")
+        _build(engine, Path(args.dir), texts, args.warm_limit)
+        return 0
+    return _warm_on_ray(args, engine, texts)
+
+
+def _warm_on_ray(args, engine, texts: list[str]) -> int:
+    """``warm --ray``: the index is built here, the KV of its passages warmed by Ray actors into
+    ``--store`` (default the index's store); exit 1 when a worker died before its part was stored."""
+    from .distributed import RayWarmOptions, warm_corpus
+    from .tools.demo_index import KV_DIR
+
+    index_dir = Path(args.dir)
+    index, _, _ = _index(index_dir, texts, args.warm_limit)
+    store = args.store or index_dir / KV_DIR
+    options = RayWarmOptions(address=args.ray, workers=args.ray_workers, threads=args.ray_threads)
+    r = warm_corpus(index.texts[: args.warm_limit], model=args.model, store=store, config=engine.config, options=options)
+    print(f"KV store {store}: {r.computed} records computed on Ray ({args.ray_workers} workers x {args.ray_threads} "
+          f"threads: {r.per_worker}), {r.stored_before} of {r.records} already stored; {r.chunks} chunks in "
+          f"{r.warm_s:.1f}s (+{r.load_s:.1f}s starting the workers)")
+    if not r.complete:
+        print(f"cacheblend: {len(r.missing)} records were not stored (workers {r.dead_workers} died): run the same "
+              "command again to finish them", file=sys.stderr)
+        return 1
     return 0
 
 

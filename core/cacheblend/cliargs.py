@@ -113,6 +113,15 @@ def _warm(w) -> None:
     w.add_argument("source", help="a folder of .txt/.md files, or a .jsonl file with a 'text' field")
     _index_args(w)
     _warm_limit(w, None)
+    w.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="warm on Ray (pip install 'cacheblend[ray]'): a cluster address ('auto', 'host:6379', "
+                        "'ray://host:10001') or 'local' (a Ray of workers x threads CPUs started here); records "
+                        "byte-identical to warming in this process (docs/RAY.md)")
+    w.add_argument("--ray-workers", type=int, default=2, metavar="N", help="Ray actors, one engine each (default 2)")
+    w.add_argument("--ray-threads", type=int, default=1, metavar="T", help="torch threads per actor (default 1)")
+    w.add_argument("--store", default=None, metavar="LOCATION",
+                   help="with --ray: the store every worker writes, a folder they all reach or a Redis URL "
+                        "(default: the index's own store, DIR/cacheblend)")
 
 
 def _ask(a) -> None:
