@@ -182,7 +182,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     for n in names:
         if METHODS[n][0].neighbours and not METHODS[n][0].lead_alone:
             views[n] = BlendEngine(model, tok, config=METHODS[n][0], memory_bytes=1 << 20)
-            views[n].stores = engines[METHODS[n][0].neighbours].stores
+            views[n].kv.stores = engines[METHODS[n][0].neighbours].kv.stores
     keys = ("right", "agree", "f1", "top1", "kl", "share", "time")
     rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
     started = time.time()

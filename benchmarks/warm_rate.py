@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         def run():  # the whole engine.warm path
             eng = fresh.pop()
             eng.warm(texts, progress=False)
-            computed[name] = eng.tokens_warmed
+            computed[name] = eng.kv.tokens_warmed
         return name, run
 
     runs = {"warming (encode_padded)": padded, "equal-length (encode_grouped)": warming, "full prefill": full}

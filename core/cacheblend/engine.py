@@ -5,14 +5,13 @@
     out = engine.generate(chunks=passages[:3], query="Who ...?")
     out = engine.generate(prompt=any_prompt_that_contains_warmed_passages)
 
-It wires components and holds no algorithm: the request path is ``prefilling.Prefiller`` (the
-blend's order lives in ``blending/blend.py``), warming is ``warming.Warmer``, the tiers are
-``stores.StoreChain``, decoding is ``generation.decode`` and warm on miss ``warm_on_miss``.
+It wires two components and holds no algorithm: ``chunk_kv.ChunkKV`` (what keys chunk KV, the
+tiers, the texts looked for in prompts, warming, warm on miss) and ``prefilling.Prefiller`` (the
+request path; the blend's order lives in ``blending/blend.py``); decoding is ``generation.decode``.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,28 +19,25 @@ from typing import Any
 import torch
 
 from .blending.selection import Selector
+from .chunk_kv import ChunkKV
 from .config import BlendConfig
 from .generation.decode import Decoding, GenerationStream, Prefilled, eos_ids
 from .models import bundled
 from .models.adapter import adapt
 from .models.loading import load_pretrained
-from .neighbours import NeighbourIndex
 from .prefilling import Prefiller
-from .prompts.finder import ChunkFinder
 from .prompts.prepared import Request, RequestBuilder
-from .prompts.request import clean_chunk, has_chat_template, render_chat
-from .prompts.tokenize import Encoding, chunk_context_ids, encode_chunk, encode_prompt
+from .prompts.request import has_chat_template, render_chat
+from .prompts.tokenize import Encoding, encode_prompt
 from .result import Generation
-from .stores import ChunkKey, ChunkRecord, KVTier, MemoryStore, RecordKeys, StoreChain, compact, model_fingerprint, open_tier
-from .warm_on_miss import BackgroundWarmer, IdleClock, MissQueue
-from .warming import Warmer, WarmSetup
+from .stores import ChunkKey, KVTier, StoreChain
 
 
 class BlendEngine:
-    """One model, its chunk KV stores, and blended generation over them.
+    """One model, its chunk KV (``self.kv``), and blended generation over it.
 
     ``warm_on_miss``: a chunk a prefill finds in no tier is warmed afterwards on a background
-    thread while no prefill runs (``cacheblend.warm_on_miss``), so the next prompt holding it hits."""
+    thread while no generation runs (``cacheblend.warm_on_miss``), so the next prompt holding it hits."""
 
     def __init__(
         self,
@@ -58,24 +54,15 @@ class BlendEngine:
         self.adapter, self.tokenizer = adapt(model), tokenizer
         self.name = name or str(getattr(model.config, "_name_or_path", "") or model.config.model_type)
         self.prefiller = Prefiller(self.adapter, self.encode_chunk, self.records, config, selector)
-        self.context_ids = chunk_context_ids(tokenizer, config.chunk_context)  # what each chunk is warmed behind
-        self.neighbours = config.neighbours  # ... and behind this many similar passages (it keys the KV)
-        self.lead_alone = bool(self.neighbours and config.lead_alone)  # also kept alone, for a prompt's first chunk
-        self.fingerprint = model_fingerprint(model, tokenizer, kv_dtype=config.kv_dtype, context_ids=self.context_ids,
-                                             neighbours=self.neighbours)
-        self.record_keys = RecordKeys(self.fingerprint, self.lead_alone)  # ids -> (as warmed, lead or None)
-        self.stores = StoreChain(MemoryStore(memory_bytes))
-        self.finder, self.neighbour_index = ChunkFinder(), NeighbourIndex()
-        setup = WarmSetup(tuple(self.context_ids), self.neighbours, config.kv_dtype, self.context_window)
-        self.warmer = Warmer(self.adapter, lambda text: self.encode_chunk(text).ids, self.record_keys,
-                             self.neighbour_index, setup)
-        self.tokens_warmed = 0  # tokens computed by warm() so far, contexts and neighbours included
+        self.kv = kv = ChunkKV(self.adapter, tokenizer, config, memory_bytes)
+        # the chunk KV's parts under the names callers read (the same objects, never to reassign)
+        self.fingerprint, self.neighbours, self.lead_alone = kv.fingerprint, kv.neighbours, kv.lead_alone
+        self.context_ids, self.record_keys, self.finder = kv.context_ids, kv.record_keys, kv.finder
+        self.neighbour_index, self.warmer = kv.neighbour_index, kv.warmer
         self.eos_ids = eos_ids(model, tokenizer)
-        self._lock = threading.RLock()  # the stores and the finder (the model itself is not shared state)
-        self.requests = RequestBuilder(tokenizer, self.finder, self.context_window, self._lock)
-        self.clock, self.misses, self._background = IdleClock(), None, None
+        self.requests = RequestBuilder(tokenizer, kv.finder, self.context_window, kv.lock)
         if warm_on_miss:
-            self.enable_warm_on_miss()
+            kv.enable_warm_on_miss()
 
     @classmethod
     def from_pretrained(
@@ -103,13 +90,18 @@ class BlendEngine:
         return self.prefiller.config
 
     @property
+    def stores(self) -> StoreChain:
+        """The tiers, memory first (to read a chain through another engine: ``engine.kv.stores = chain``)."""
+        return self.kv.stores
+
+    @property
     def context_window(self) -> int:
         return self.adapter.max_positions
 
     @property
     def max_chunk_tokens(self) -> int:
         """The longest chunk ``warm`` accepts: the context window minus the chunk context."""
-        return self.warmer.max_chunk_tokens
+        return self.kv.warmer.max_chunk_tokens
 
     @property
     def is_chat_model(self) -> bool:
@@ -121,39 +113,32 @@ class BlendEngine:
 
     def encode_chunk(self, text: str) -> Encoding:
         """A chunk's tokens as they are warmed and looked up (as after a line break)."""
-        return encode_chunk(self.tokenizer, text)
+        return self.kv.encode(text)
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The model's chat template over role/content messages, ending with the assistant turn."""
         return render_chat(self.tokenizer, messages)
 
-    # -- stores and warming ---------------------------------------------------------------------
+    # -- chunk KV (``ChunkKV``) ---------------------------------------------------------------------
     def attach_store(self, store_dir: str | Path, *, max_bytes: int | None = None) -> KVTier:
         """Reads chunk KV from (and learns the chunk texts of) the store at ``store_dir``: a folder
         (a disk store) or a URL of a tier in ``cacheblend.stores.tier.SCHEMES`` (``redis://`` ...,
         shared by every process attached to it; ``warm`` writes through to it). ``max_bytes``: a
         folder's byte budget (``stores/policy.py`` evicts; a Redis server bounds itself)."""
-        tier = open_tier(store_dir, self.fingerprint, compact.codec_for(self.config.kv_dtype), max_bytes=max_bytes)
-        with self._lock:
-            tier = self.stores.attach(tier)
-            self.finder.add(tier.texts())
-            return tier
+        return self.kv.attach(store_dir, max_bytes)
 
     def chunk_keys(self, texts: Iterable[str]) -> list[ChunkKey]:
         """The store keys of ``texts`` (no compute): e.g. to see which a store already holds."""
-        return [self.record_keys(self.encode_chunk(clean_chunk(t)).ids)[0] for t in texts]
+        return self.kv.keys(texts)
 
     def is_warm(self, text: str) -> bool:
         """Whether every record of ``text`` (its lead one too) is in memory or an attached store."""
-        keys = [k for k in self.record_keys(self.encode_chunk(clean_chunk(text)).ids) if k is not None]
-        with self._lock:
-            return all(key in self.stores for key in keys)
+        return self.kv.is_warm(text)
 
     def expect(self, texts: Iterable[str]) -> None:
         """Looks for ``texts`` in prompts from now on without computing their KV (each is a miss,
-        computed in its prompt, until warmed: with ``warm_on_miss``, right after its first miss)."""
-        with self._lock:
-            self.finder.add(clean_chunk(t) for t in texts)
+        computed in its prompt, until warmed: with warm on miss, right after its first miss)."""
+        self.kv.expect(texts)
 
     def warm(
         self,
@@ -171,48 +156,26 @@ class BlendEngine:
         validated before any compute. ``progress``: a progress bar (default: 16 chunks or more).
         ``neighbours`` (with ``BlendConfig.neighbours`` > 0): for each text, the passages to compute
         it behind, most similar first; by default the most similar chunks the engine knows."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         target = self.attach_store(store_dir) if store_dir is not None else None
-        return self._warm(texts, target, neighbours, batch_size, progress)
+        return self.kv.warm(texts, target, neighbours, batch_size, progress)
 
-    def _warm(self, texts, target: KVTier | None, neighbours=None, batch_size: int = 8, progress=None) -> list[ChunkKey]:
-        chunks = self.warmer.prepare(texts)
-        given = self.warmer.given_neighbours(chunks, neighbours)
-        with self._lock:
-            if self.neighbours:
-                self.warmer.learn(chunks, self.finder)
-            report = self.warmer.run(chunks, self.stores, target, given=given, batch_size=batch_size, progress=progress)
-            self.tokens_warmed += report.tokens
-            self.finder.add(c.text for c in chunks)
-        return report.keys
-
-    def records(self, chunks: list[list[int]]) -> list[ChunkRecord | None]:
+    def records(self, chunks: list[list[int]]) -> list:
         """The records a prompt's chunks (token ids, in prompt order) read, None for a miss."""
-        with self._lock:
-            return self.stores.prompt_records(chunks, self.record_keys)
-
-    def _warm_missed(self, texts: list[str]) -> list[ChunkKey]:
-        """Warm on miss: into memory, the first attached local store (a folder) and every shared tier."""
-        return self._warm(texts, next((t for t in self.stores.attached if not t.shared), None), progress=False)
+        return self.kv.records(chunks)
 
     def enable_warm_on_miss(self, limit: int = 256) -> None:
         """Turns warm on miss on (idempotent): from now on each chunk a prefill finds in no tier is
         queued (at most ``limit`` waiting) and warmed on a background thread while no generation runs."""
-        with self._lock:
-            if self._background is None:
-                self.misses = MissQueue(limit)
-                self._background = BackgroundWarmer(self._warm_missed, self.misses, self.clock)
+        self.kv.enable_warm_on_miss(limit)
 
     def warm_pending(self, timeout: float = 300.0) -> bool:
         """Waits until every chunk queued by warm on miss so far is warmed (e.g. before a short-lived
         process exits); True when done within ``timeout`` s (also when warm on miss is off)."""
-        return self._background is None or self._background.drain(timeout)
+        return self.kv.warm_pending(timeout)
 
     def close(self) -> None:
         """Stops the warm-on-miss thread (queued chunks are not warmed); the engine stays usable."""
-        if self._background is not None:
-            self._background.close()
+        self.kv.close()
 
     # -- prefill and generation -----------------------------------------------------------------
     def request(self, prompt: str | Request | None = None, *, chunks: Sequence[str] | None = None,
@@ -230,11 +193,9 @@ class BlendEngine:
         return self._prefill(self.request(prompt, **request), recompute_ratio, config, None)
 
     def _prefill(self, request: Request, ratio: float | None, config: BlendConfig | None, started) -> Prefilled:
-        with self.clock.busy():
+        with self.kv.clock.busy():
             out = self.prefiller.run(request, ratio, config, started)
-        if self.misses is not None and out.missed:
-            self.expect(out.missed)  # known before any is warmed: each is warmed behind its co-retrieved passages
-            self.misses.offer(out.missed)
+        self.kv.missed(out.missed)
         return out
 
     def token_ids(self, prompt: str | Request) -> list[int]:
@@ -253,7 +214,7 @@ class BlendEngine:
         return self._stream(lambda t0: self._prefill(request, recompute_ratio, None, t0), decoding)
 
     def _stream(self, prefill, decoding: Decoding) -> GenerationStream:
-        return GenerationStream(prefill, decoding, self.tokenizer, self.eos_ids, self.context_window, self.clock.busy)
+        return GenerationStream(prefill, decoding, self.tokenizer, self.eos_ids, self.context_window, self.kv.clock.busy)
 
     def generate(self, prompt: str | Request | None = None, **kwargs: Any) -> Generation:
         """Generates an answer from ``prompt`` (a string or a ``Request``) or ``chunks``/``query``/

@@ -140,7 +140,7 @@ def test_every_chunk_also_keeps_its_kv_warmed_alone_mostly_for_free(make_engine)
     size = {t: len(_ids(engine, [t])[0]) for t in texts}
     alone = [t for t in texts if t not in near.values()]
     assert alone and len(alone) < len(texts)
-    assert engine.tokens_warmed == sum(len(ctx) + size[near[t]] + size[t] for t in texts) + sum(len(ctx) + size[t] for t in alone)
+    assert engine.kv.tokens_warmed == sum(len(ctx) + size[near[t]] + size[t] for t in texts) + sum(len(ctx) + size[t] for t in alone)
     assert not make_engine("llama", neighbours=1, lead_alone=False).lead_alone
     assert not make_engine("llama", lead_alone=True).lead_alone  # warming alone: one record is both
 
@@ -160,7 +160,7 @@ def test_the_first_chunk_of_a_prompt_reads_its_lead_record(make_engine, tmp_path
     assert not engine.is_warm(BEES[0])
     engine.warm(SHIPS + BEES)
     ctx = len(engine.context_ids)
-    assert engine.tokens_warmed == sum(ctx + len(i) for i in _ids(engine, SHIPS + BEES))  # the lead records only
+    assert engine.kv.tokens_warmed == sum(ctx + len(i) for i in _ids(engine, SHIPS + BEES))  # the lead records only
     assert engine.is_warm(BEES[0])
     assert [r.key for r in engine.records(ids)] == [chunk_key(fp, ids[0], LEAD), chunk_key(fp, ids[1]), chunk_key(fp, ids[2])]
 
@@ -205,7 +205,7 @@ def test_real_model_default_warming_blends_closer_to_full_prefill(real_engine):
     real_engine.warm(pool)
     assert real_engine.lead_alone
     plain = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(lead_alone=False))
-    plain.stores = real_engine.stores  # the same records, read without the lead ones
+    plain.kv.stores = real_engine.kv.stores  # the same records, read without the lead ones
     kl = {"reuse": [], "alone": [], "plain": [], "default": []}
     for q in qs:
         req = dict(chunks=q.passages, query=q.question, prefix="Answer briefly from the passages.")

@@ -80,7 +80,7 @@ def test_a_new_tier_is_one_module_and_one_scheme_line(make_engine, dict_scheme):
     b = second.prefill(chunks=TEXTS[::-1], query="Which ships?")
     assert b.stats.cached_tokens == a.stats.cached_tokens > 0
     assert torch.equal(a.output.logits, b.output.logits)
-    assert second.tokens_warmed == 0 and shared.asked >= 1
+    assert second.kv.tokens_warmed == 0 and shared.asked >= 1
 
 
 def test_warm_report_counts_what_was_computed_and_copied(make_engine, tmp_path, dict_scheme):

@@ -35,7 +35,7 @@ def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_w
         assert first.missed == PASSAGES
         assert torch.equal(first.output.logits, same.output.logits)  # warm on miss changes no answer
         assert eager.warm_pending(60)
-        assert all(eager.is_warm(p) for p in PASSAGES) and eager.misses.warmed == 3
+        assert all(eager.is_warm(p) for p in PASSAGES) and eager.kv.misses.warmed == 3
         plain.warm(PASSAGES)  # what index-time warming stores, for comparison
         for text in PASSAGES:  # the same neighbours: the missed prompt's passages were known before any warmed
             key, lead = plain.record_keys(plain.encode_chunk(text).ids)
@@ -45,7 +45,7 @@ def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_w
             torch.testing.assert_close(eager.stores.get(lead).kv, plain.stores.get(lead).kv, atol=1e-5, rtol=0)
         again = eager.prefill(chunks=PASSAGES[::-1], query=QUESTION)
         assert again.stats.chunk_hits == 3 and again.missed == [] and again.stats.cached_tokens > 0
-        assert eager.misses.offered == 3  # hits offer nothing
+        assert eager.kv.misses.offered == 3  # hits offer nothing
     finally:
         eager.close()
 
@@ -102,27 +102,27 @@ def test_a_prefill_waits_for_at_most_the_one_chunk_being_warmed(tokenizer):
     eager, _ = _engines(tokenizer)
     try:
         texts = [f"{PASSAGES[0]} Copy {i} of this passage." for i in range(6)]
-        started, real_warm = threading.Event(), eager._background.warm
+        started, real_warm = threading.Event(), eager.kv._background.warm
 
         def slow_warm(batch):  # each chunk takes at least 0.2 s, so the prefill lands inside one
             started.set()
             time.sleep(0.2)
             real_warm(batch)
 
-        eager._background.warm = slow_warm
+        eager.kv._background.warm = slow_warm
         seen, real_records = [], eager.prefiller.records
 
         def records(chunks):
             out = real_records(chunks)
-            seen.append(eager.misses.warmed)
+            seen.append(eager.kv.misses.warmed)
             return out
 
         eager.prefiller.records = records
-        eager.misses.offer(texts)
+        eager.kv.misses.offer(texts)
         assert started.wait(30)
         eager.prefill(chunks=PASSAGES[:1], query=QUESTION)
         assert seen and seen[0] <= 1, f"the prefill read its records after {seen[0]} of 6 chunks were warmed"
-        assert eager.warm_pending(60) and eager.misses.warmed == 7  # the six, then the prefill's own miss
+        assert eager.warm_pending(60) and eager.kv.misses.warmed == 7  # the six, then the prefill's own miss
     finally:
         eager.close()
 
@@ -150,9 +150,9 @@ def test_nothing_is_warmed_while_a_generation_streams(tokenizer):
         stream = eager.stream(chunks=PASSAGES[:1], query=QUESTION, max_new_tokens=32)
         next(stream)  # prefilled, its miss queued, decoding under way
         time.sleep(0.4)
-        assert eager.misses.offered == 1 and eager.misses.warmed == 0  # taken by the worker, which waits
+        assert eager.kv.misses.offered == 1 and eager.kv.misses.warmed == 0  # taken by the worker, which waits
         stream.consume()
-        assert eager.warm_pending(60) and eager.misses.warmed == 1
+        assert eager.warm_pending(60) and eager.kv.misses.warmed == 1
     finally:
         eager.close()
 
@@ -165,7 +165,7 @@ def test_a_warm_cap_warms_the_first_texts_and_leaves_the_rest_to_warm_on_miss(to
         cap = WarmCap(1)
         assert cap.split(engine, PASSAGES[:1]) == PASSAGES[:1]  # within the cap
         engine.warm(PASSAGES[:1])
-        assert cap.split(engine, PASSAGES[1:]) == [] and engine.misses is not None  # past it: expected only
+        assert cap.split(engine, PASSAGES[1:]) == [] and engine.kv.misses is not None  # past it: expected only
         prompt = f"{PASSAGES[0]}\n\n{PASSAGES[1]}\n\n{PASSAGES[2]}\n\n{QUESTION}"
         first = engine.generate(prompt, max_new_tokens=2)
         assert (first.stats.chunk_hits, first.stats.chunk_misses) == (1, 2)

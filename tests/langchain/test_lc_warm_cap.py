@@ -17,7 +17,7 @@ def test_a_capped_index_warms_its_first_documents_and_the_rest_after_their_first
                                                warm_limit=1)
         assert [own.is_warm(t) for t in texts] == [True, False, False]
         store.add_texts([fresh_texts(1, "warm cap, added later")[0]])  # past the cap too
-        assert own.misses is not None and own.misses.offered == 0  # nothing computed yet for the rest
+        assert own.kv.misses is not None and own.kv.misses.offered == 0  # nothing computed yet for the rest
         docs = store.similarity_search(texts[1], k=3)
         prompt = "\n\n".join(d.page_content for d in docs) + "\n\nWhat do these say?"
         first = own.generate(prompt, max_new_tokens=2)

@@ -186,7 +186,7 @@ def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict])
     warm = sum(len(scratch.encode_chunk(p).ids) for p in passages) / elapsed
     n = len(engine.request(chunks=passages, query=examples[0].question, prefix=QA_PREFIX).ids)
     full = n / _row(rows, "full prefill")["ttft_s"]
-    return {"warming_tokens_per_s": warm, "warming_computed_tokens_per_s": scratch.tokens_warmed / elapsed,
+    return {"warming_tokens_per_s": warm, "warming_computed_tokens_per_s": scratch.kv.tokens_warmed / elapsed,
             "full_prefill_tokens_per_s": full, "neighbours": engine.neighbours}
 
 
