@@ -232,9 +232,10 @@ def warm_corpus(
         raise ValueError(f"workers, threads and batch_size must be >= 1, got {opts}")
     started = not ray.is_initialized()
     if started:
-        local = opts.address in (None, "local")
-        ray.init(address=None if local else opts.address, include_dashboard=False, log_to_driver=False,
-                 **({"num_cpus": opts.workers * opts.threads} if local else {}))
+        if opts.address in (None, "local"):
+            ray.init(num_cpus=opts.workers * opts.threads, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=opts.address)
     try:
         return _drive(ray, list(texts), str(model), _location(store), config, opts)
     finally:
