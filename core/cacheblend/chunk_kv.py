@@ -4,8 +4,9 @@ What keys a chunk's KV (the chunk context it is warmed behind, how many similar 
 it, whether it also keeps a lead record: ``RecordKeys`` over the model fingerprint), the tiers
 that hold it (``StoreChain``: memory, then attached folders, then shared servers), the texts
 looked for in prompts (``ChunkFinder``), the neighbour index, the ``Warmer`` and warm on miss
-(``warm_on_miss``). One lock guards the tiers and the finder; the model itself is not shared
-state (a warm holds the lock for its compute, so a prefill's record lookup waits for it).
+(``warm_on_miss``). One lock guards the tiers, the finder and the neighbour index; the model is not
+shared state, and a warm holds the lock only to look up, pick neighbours and store, never for its
+compute, so a prefill's record lookup never waits for a warm's forward.
 
 The engine (``engine.py``) owns one and hands its ``records`` to the ``Prefiller``.
 """
@@ -42,10 +43,10 @@ class ChunkKV:
         self.record_keys = RecordKeys(self.fingerprint, self.lead_alone)  # ids -> (as warmed, lead or None)
         self.stores = StoreChain(MemoryStore(memory_bytes))
         self.finder, self.neighbour_index = ChunkFinder(), NeighbourIndex()
-        setup = WarmSetup(tuple(self.context_ids), self.neighbours, config.kv_dtype, adapter.max_positions)
-        self.warmer = Warmer(adapter, lambda text: self.encode(text).ids, self.record_keys, self.neighbour_index, setup)
-        self.tokens_warmed = 0  # tokens computed by warm() so far, contexts and neighbours included
         self.lock = threading.RLock()
+        setup = WarmSetup(tuple(self.context_ids), self.neighbours, config.kv_dtype, adapter.max_positions)
+        self.warmer = Warmer(adapter, lambda text: self.encode(text).ids, self.record_keys, self.neighbour_index, setup, self.lock)
+        self.tokens_warmed = 0  # tokens computed by warm() so far, contexts and neighbours included
         self.clock, self.misses, self._background = IdleClock(), None, None
 
     def encode(self, text: str) -> Encoding:
@@ -81,10 +82,11 @@ class ChunkKV:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         chunks = self.warmer.prepare(texts)
         given = self.warmer.given_neighbours(chunks, neighbours)
-        with self.lock:
-            if self.neighbours:
+        if self.neighbours:
+            with self.lock:
                 self.warmer.learn(chunks, self.finder)
-            report = self.warmer.run(chunks, self.stores, target, given=given, batch_size=batch_size, progress=progress)
+        report = self.warmer.run(chunks, self.stores, target, given=given, batch_size=batch_size, progress=progress)
+        with self.lock:  # the warmer holds it only around lookups and writes, not its compute
             self.tokens_warmed += report.tokens
             self.finder.add(c.text for c in chunks)
         return report.keys

@@ -5,11 +5,15 @@ the prompt, like every uncached token) and hands the chunk's text to a ``MissQue
 deduplicated, oldest first. A text offered while the queue is full is dropped and counted (the
 next miss offers it again). Who drains the queue decides when the work runs:
 
-- the library: a ``BackgroundWarmer`` thread warms one chunk at a time, only once no prefill has
-  been in flight for ``idle_s`` (``IdleClock``); a prefill that arrives during that one chunk
-  waits for it (the engine's store lock), never for the rest of the queue;
+- the library: a ``BackgroundWarmer`` thread starts a chunk only once no prefill or decode has
+  been in flight for ``idle_s`` (``IdleClock``), and gives way between layers: when one starts,
+  the warm waits after the layer it is in (a few ms) until the engine is idle again, then goes
+  on where it stopped. A request never waits for a warm (the store lock is held only to read and
+  write records, never for compute);
 - the server: its model thread, between rounds, when no request waits or decodes
-  (``serving/scheduler.py``).
+  (``serving/scheduler.py``); a request that arrives during the warm ends it after the current
+  layer (``Preempted``): the chunk goes back to the queue's front and is warmed from scratch
+  later (records already stored are not computed again).
 
 Either way a chunk is warmed as at index time (``BlendEngine.warm``: behind its neighbours, with
 its lead record, written through to every shared tier), so the next prompt that holds it hits.
@@ -25,6 +29,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+from .blending.encode import between_layers
+
+
+class Preempted(Exception):
+    """Raised between layers to abandon a warm that a request needs the model for."""
+
 
 class MissQueue:
     """Texts of missed chunks waiting to be warmed: at most ``limit``, each once, oldest first."""
@@ -35,7 +45,7 @@ class MissQueue:
         self.limit = limit
         self._texts: OrderedDict[str, None] = OrderedDict()
         self._ready = threading.Condition()
-        self.offered = self.dropped = self.warmed = self.failed = 0
+        self.offered = self.dropped = self.warmed = self.failed = self.preempted = 0
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -60,25 +70,33 @@ class MissQueue:
                 return None
             return self._texts.popitem(last=False)[0]
 
-    def warm_one(self, warm: Callable[[list[str]], object]) -> bool:
+    def warm_one(self, warm: Callable[[list[str]], object], pause: Callable[[], None] | None = None) -> bool:
         """Warms the oldest queued text with ``warm`` (no wait); False when the queue is empty."""
         text = self.take(timeout=0)
         if text is None:
             return False
-        self.run(warm, text)
+        self.run(warm, text, pause)
         return True
 
-    def run(self, warm: Callable[[list[str]], object], text: str) -> None:
-        """``warm([text])``, counted as warmed or failed; never raises."""
+    def run(self, warm: Callable[[list[str]], object], text: str, pause: Callable[[], None] | None = None) -> None:
+        """``warm([text])`` with ``pause()`` called before each layer it computes
+        (``blending.encode.between_layers``), counted as warmed or failed; never raises. A
+        ``Preempted`` warm puts ``text`` back at the queue's front."""
         try:
-            warm([text])
+            with between_layers(pause):
+                warm([text])
             self.warmed += 1
+        except Preempted:
+            self.preempted += 1
+            with self._ready:
+                self._texts[text] = None
+                self._texts.move_to_end(text, last=False)
         except Exception:  # a chunk that cannot be warmed stays a miss; the query path never sees this
             self.failed += 1
 
     def counts(self) -> dict[str, int]:
         return {"queued": len(self), "offered": self.offered, "dropped": self.dropped,
-                "warmed": self.warmed, "failed": self.failed}
+                "warmed": self.warmed, "failed": self.failed, "preempted": self.preempted}
 
 
 class IdleClock:
@@ -105,6 +123,13 @@ class IdleClock:
         with self._lock:
             return 0.0 if self._busy else time.monotonic() - self._since
 
+    def wait_idle(self, idle_s: float, stop: threading.Event) -> None:
+        """Returns once nothing has been in flight for ``idle_s`` s; raises ``Preempted`` if
+        ``stop`` is set first."""
+        while self.idle_for() < idle_s:
+            if stop.wait(idle_s / 2):
+                raise Preempted
+
 
 class BackgroundWarmer:
     """A daemon thread that drains a ``MissQueue`` with ``warm`` whenever ``clock`` says idle."""
@@ -122,11 +147,15 @@ class BackgroundWarmer:
             text = self.queue.take(timeout=0.2)
             if text is None:
                 continue
-            while not self._stop.is_set() and self.clock.idle_for() < self.idle_s:
-                time.sleep(self.idle_s / 2)
-            if self._stop.is_set():
+            try:
+                self._pause()  # a chunk starts (its lookups and tokenizing too) only when idle
+            except Preempted:
                 return
-            self.queue.run(self.warm, text)
+            self.queue.run(self.warm, text, self._pause)
+
+    def _pause(self) -> None:
+        """Before each layer of a warm (and before it starts): wait while the engine is busy."""
+        self.clock.wait_idle(self.idle_s, self._stop)
 
     def drain(self, timeout: float = 60.0) -> bool:
         """Waits until the queue is empty and the last taken text is warmed (tests, benchmarks,

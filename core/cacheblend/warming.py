@@ -1,8 +1,10 @@
 """The warming pipeline: validate chunk texts, find those no tier holds, compute their KV, store.
 
 A ``Warmer`` is built once per engine from what it needs and nothing else: the model adapter,
-a tokenizer function, the record keys, the neighbour index and the ``WarmSetup`` (what the KV is
-computed behind). ``prepare`` validates every text before any compute (one bad text stores
+a tokenizer function, the record keys, the neighbour index, the ``WarmSetup`` (what the KV is
+computed behind) and the lock that guards the tiers and the index: it is held to look records up,
+to pick neighbours and to store, never while the model computes, so a prefill never waits for a
+warm's compute. ``prepare`` validates every text before any compute (one bad text stores
 nothing), then ``run`` computes only the records that neither memory nor any tier holds, writes
 them to memory, to the tier the caller names and through to every shared tier, copies stored
 records into those tiers where they lack them, and returns a ``WarmReport``.
@@ -17,6 +19,7 @@ nobody's first neighbour are computed alone (batched).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -80,8 +83,10 @@ class Warmer:
         keys: RecordKeys,
         index: NeighbourIndex,
         setup: WarmSetup,
+        lock: threading.RLock | None = None,
     ) -> None:
         self.adapter, self.encode, self.keys, self.index, self.setup = adapter, encode, keys, index, setup
+        self.lock = lock or threading.RLock()
 
     @property
     def max_chunk_tokens(self) -> int:
@@ -145,7 +150,8 @@ class Warmer:
         or more records need computing); ``batch_size`` >= 1 chunks per forward."""
         writes = list({t.location: t for t in [target, *tiers.shared] if t is not None}.values())
         report = WarmReport([c.key for c in chunks])
-        todo = self._missing(chunks, tiers, writes, report)
+        with self.lock:
+            todo = self._missing(chunks, tiers, writes, report)
         self._compute(todo, [tiers.memory, *writes], given or {}, batch_size, progress, report)
         return report
 
@@ -214,7 +220,8 @@ class Warmer:
         one padded batch behind the shared chunk context, or one chunk at a time behind its own
         neighbours; plus the lead records this yields for free (every first-placed neighbour whose
         lead record is still to compute: it is taken off ``leads``)."""
-        contexts = self._contexts(batch, given)
+        with self.lock:
+            contexts = self._contexts(batch, given)
         report.tokens += sum(len(ctx) + len(c.ids) for (ctx, _), c in zip(contexts, batch))
         if not self.setup.neighbours:
             return [(c.key, c, kv) for c, kv in zip(batch, encode_padded(self.adapter, contexts[0][0], [c.ids for c in batch]))]
@@ -238,6 +245,7 @@ class Warmer:
             stored = kv[..., : len(chunk.ids), :].to("cpu", dense).contiguous()  # [L, 2, Hkv, tokens, d]
             # int8: every tier holds what a disk or Redis read returns, so a hit is the same anywhere
             records.append(ChunkRecord(key, compact.roundtrip(stored, codec), chunk.text))
-        for tier in writes:
-            tier.put_many(records)
+        with self.lock:
+            for tier in writes:
+                tier.put_many(records)
         report.computed += len(records)

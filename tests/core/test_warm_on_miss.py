@@ -10,7 +10,7 @@ import torch
 from tiny_models import tiny_model
 
 from cacheblend import BlendConfig, BlendEngine
-from cacheblend.warm_on_miss import BackgroundWarmer, IdleClock, MissQueue
+from cacheblend.warm_on_miss import BackgroundWarmer, IdleClock, MissQueue, Preempted
 
 PASSAGES = [
     "The harbour of Kelm keeps three wooden ships: the Auk, the Tern and the Petrel, all built in Kelm.",
@@ -81,7 +81,8 @@ def test_nothing_is_warmed_while_a_prefill_is_in_flight():
 def test_the_queue_is_bounded_deduplicated_and_oldest_first():
     queue = MissQueue(limit=2)
     queue.offer(["a", "b", "a", "c"])
-    assert len(queue) == 2 and queue.counts() == {"queued": 2, "offered": 3, "dropped": 1, "warmed": 0, "failed": 0}
+    assert len(queue) == 2 and queue.counts() == {"queued": 2, "offered": 3, "dropped": 1, "warmed": 0, "failed": 0,
+                                                "preempted": 0}
     assert queue.take(0) == "a" and queue.take(0) == "b" and queue.take(0) is None
 
 
@@ -125,6 +126,118 @@ def test_a_prefill_waits_for_at_most_the_one_chunk_being_warmed(tokenizer):
         assert eager.warm_pending(60) and eager.kv.misses.warmed == 7  # the six, then the prefill's own miss
     finally:
         eager.close()
+
+
+def test_a_warm_gives_way_between_layers_and_a_prefill_never_waits_for_its_compute(tokenizer):
+    """The background warm is held inside its second layer; a prefill that starts then runs to the
+    end (the store lock is not held by a warm's compute), the warm computes no further layer while
+    the engine is busy, then resumes where it stopped: its records are those of an uninterrupted warm."""
+    eager, plain = _engines(tokenizer)
+    adapter, layers = eager.adapter, eager.adapter.num_layers
+    inside, go, done_layers, real_qkv = threading.Event(), threading.Event(), [], adapter.qkv
+
+    def qkv(layer, h):  # the warm thread's layers are counted; its second one is held until ``go``
+        if threading.current_thread().name == "cacheblend-warm-on-miss":
+            done_layers.append(layer)
+            if len(done_layers) == 2:
+                inside.set()
+                assert go.wait(30)
+        return real_qkv(layer, h)
+
+    adapter.qkv = qkv
+    try:
+        eager.kv.misses.offer([PASSAGES[0]])
+        assert inside.wait(30)
+        with eager.kv.clock.busy():  # a prefill or a decode is in flight from here
+            go.set()
+            out = eager.prefill(chunks=PASSAGES[1:], query=QUESTION)  # would deadlock on a held lock
+            time.sleep(0.3)
+            assert len(done_layers) == 2, f"the warm computed layers {done_layers} while the engine was busy"
+            assert out.stats.chunk_misses == 2
+        assert eager.warm_pending(60) and eager.kv.misses.warmed >= 1
+        assert done_layers[:layers] == list(range(layers))  # resumed at layer 2, not restarted
+        plain.warm(PASSAGES[:1])
+        key = plain.chunk_keys(PASSAGES[:1])[0]
+        assert torch.equal(eager.stores.get(key).kv, plain.stores.get(key).kv)
+    finally:
+        adapter.qkv = real_qkv
+        eager.close()
+
+
+def test_the_server_ends_a_warm_when_a_request_arrives_and_warms_the_chunk_again_when_idle(tokenizer):
+    """The model thread warms a missed chunk while idle; work queued during its second layer ends
+    it after that layer (the call runs next, not after the warm), and the chunk is warmed later."""
+    import asyncio
+
+    from cacheblend.serving.scheduler import Scheduler
+
+    engine, plain = _engines(tokenizer)
+    engine.close()  # the library's background thread is not the server's
+    adapter, real_qkv, warming = engine.adapter, engine.adapter.qkv, threading.Event()
+    inside, go, layers = threading.Event(), threading.Event(), []
+
+    def qkv(layer, h):
+        if warming.is_set():
+            layers.append(layer)
+            if len(layers) == 2:
+                inside.set()
+                assert go.wait(30)
+        return real_qkv(layer, h)
+
+    def warm(texts):
+        warming.set()
+        try:
+            return engine.warm(texts, progress=False)
+        finally:
+            warming.clear()
+
+    adapter.qkv = qkv
+    scheduler = Scheduler(engine, warm_on_miss=warm)
+    scheduler.misses.offer([PASSAGES[0]])
+    scheduler.start()
+    try:
+        assert inside.wait(30)
+
+        async def ask():
+            answer = asyncio.ensure_future(scheduler.call(lambda: list(layers)))
+            await asyncio.sleep(0.05)  # the call is queued
+            go.set()
+            return await answer
+
+        assert asyncio.run(ask()) == [0, 1]  # ran right after the layer in flight
+        assert scheduler.misses.preempted == 1 and scheduler.misses.failed == 0
+        deadline = time.monotonic() + 30
+        while scheduler.misses.warmed < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert scheduler.misses.warmed == 1 and engine.is_warm(PASSAGES[0])
+        plain.warm(PASSAGES[:1])
+        key = plain.chunk_keys(PASSAGES[:1])[0]
+        assert torch.equal(engine.stores.get(key).kv, plain.stores.get(key).kv)
+    finally:
+        scheduler.stop()
+        adapter.qkv = real_qkv
+
+
+def test_a_preempted_warm_goes_back_to_the_queue_front_and_is_warmed_next():
+    queue, seen = MissQueue(), []
+    queue.offer(["first", "second"])
+
+    def preempt():
+        raise Preempted
+
+    def warm(texts):  # a warm that reaches its first layer (``between_layers``' hook)
+        from cacheblend.blending.encode import _HOOK
+
+        seen.append(texts[0])
+        hook = _HOOK.get()
+        if hook is not None:
+            hook()
+
+    assert queue.warm_one(warm, preempt)
+    assert queue.counts()["preempted"] == 1 and queue.warmed == 0 and queue.failed == 0
+    assert len(queue) == 2
+    assert queue.warm_one(warm) and queue.warmed == 1 and seen == ["first", "first"]  # back at the front
+    assert queue.take(0) == "second"
 
 
 def test_a_chunk_warmed_on_miss_lands_in_the_attached_disk_store_for_the_next_process(tokenizer, tmp_path):

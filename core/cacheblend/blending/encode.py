@@ -3,16 +3,36 @@
 This is the other half of the algorithm: ``blend.py`` reuses what this computes. Each chunk's K
 (before RoPE) and V are computed once, behind the same context tokens (``BlendConfig.chunk_context``),
 so a chunk's KV depends on its own tokens only and can be reused wherever it lands.
+
+A warm can give way: inside ``between_layers(hook)`` every ``encode_chunks`` of this thread calls
+``hook()`` before each layer, which may wait (the library's background warming waits while a
+prefill or a decode runs) or raise to abandon the warm (the server's model thread does when a
+request arrives). The hook is per thread (a context variable), so a prefill never sees it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
 from ..models.adapter import ModelAdapter
 from .rope import RopeTables, apply_rope
+
+
+_HOOK: ContextVar[Callable[[], None] | None] = ContextVar("cacheblend_between_layers", default=None)
+
+
+@contextmanager
+def between_layers(hook: Callable[[], None] | None) -> Iterator[None]:
+    """Within the block, this thread's ``encode_chunks`` calls ``hook()`` before each layer."""
+    token = _HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _HOOK.reset(token)
 
 
 def encode_grouped(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -68,9 +88,12 @@ def encode_chunks(
     pos = torch.arange(t, device=ids.device)
     tables = RopeTables.at(model, pos)  # per rotary geometry: cos, sin [T, d]
     key_valid = None if bool(valid.all()) else valid
+    hook = _HOOK.get()
     h = model.embed(ids)
     out = []
     for layer in range(model.num_layers):
+        if hook is not None:
+            hook()  # may wait, or raise to abandon this warm (``between_layers``)
         q, k, v = model.qkv(layer, h)
         out.append(torch.stack([k[:, :, context:], v[:, :, context:]], dim=1))  # [B, 2, Hkv, T-context, d]
         if layer + 1 < model.num_layers:  # the last layer's output is not needed

@@ -193,6 +193,7 @@ _MISS_GAUGES = {
     "queued": "Missed chunks waiting to be warmed",
     "offered": "Missed chunks queued for warming so far",
     "warmed": "Missed chunks warmed so far",
+    "preempted": "Warms of missed chunks ended by a request (each chunk queued again)",
     "dropped": "Missed chunks not queued (the queue was full)",
     "failed": "Missed chunks that could not be warmed",
 }

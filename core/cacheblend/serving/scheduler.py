@@ -19,7 +19,9 @@ Warm on miss (``cacheblend.warm_on_miss``) too: a request's ``documents`` are lo
 prompt without being warmed first, each chunk its prefill finds in no tier goes to a ``MissQueue``,
 and the thread warms one queued chunk per round only when no request waits or decodes, so a first
 retrieval costs about a full prefill of its new passages, not the three a warm before the prefill
-cost, and the next request holding them hits. The ASGI side submits jobs and reads their events from an
+cost, and the next request holding them hits. A request that arrives during such a warm ends it
+after the layer being computed (``Preempted``; the chunk goes back to the queue's front), so it
+waits a layer, not a warm. The ASGI side submits jobs and reads their events from an
 asyncio queue fed with ``call_soon_threadsafe``; it cancels a job by setting ``job.cancelled``,
 which frees the job's slot before the next step.
 """
@@ -40,7 +42,7 @@ import torch
 from ..generation.decode import Sampling, TextTracker
 from ..result import BlendStats
 from ..generation.batch import SlotKV
-from ..warm_on_miss import MissQueue
+from ..warm_on_miss import MissQueue, Preempted
 from .metrics import Metrics
 
 
@@ -173,11 +175,16 @@ class Scheduler:
                     self._fail_all(exc)
         self._fail_all(RuntimeError("the server is shutting down"))
 
+    def _yield(self) -> None:
+        """Before each layer of a missed chunk's warm: a request waiting (or shutdown) ends it."""
+        if not self._pending.empty() or self._stop.is_set():
+            raise Preempted
+
     def _iterate(self) -> None:
         """One round: admit waiting work within the prefill budget, then one decode step; with
         nothing waiting or decoding, warm one missed chunk instead."""
         self._drop_cancelled()
-        if not self._active and self._pending.empty() and self.misses is not None and self.misses.warm_one(self.warm):
+        if not self._active and self._pending.empty() and self.misses is not None and self.misses.warm_one(self.warm, self._yield):
             return
         budget = self.max_prefill_tokens
         while len(self._active) < self.max_batch and budget > 0:
