@@ -103,7 +103,7 @@ def stage1(engine, req: dict, first15) -> dict:
 
     request = engine.request(**req)
     chunks = chunk_encodings(request.text, engine.encode_chunk)
-    lookup = getattr(engine, "records", None) or engine._lookup  # the engine's record lookup (renamed in a refactor)
+    lookup = engine.kv.records  # the record lookup a prefill makes
     asm = assemble(request.text, request.encoding, chunks, list(lookup([c.ids for c in chunks])), engine.adapter.device)
     inp = asm.input
     asking = _Check.of(inp, NoneSelector()).asking

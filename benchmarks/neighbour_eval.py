@@ -30,7 +30,7 @@ from runfile import RunRecord, add_common
 from select_eval import PREFIX, STOP, _compare
 
 from cacheblend import BlendConfig, shared_engine
-from cacheblend.blending.encode import encode_padded
+from cacheblend.blending.warm_forward import forward_padded
 from cacheblend.stores import ChunkRecord, MemoryStore
 from cacheblend.tools.datasets import pydoc_passages
 from cacheblend.tools.factset import questions
@@ -52,12 +52,12 @@ def contexts(mode: str, k: int, q, j: int, pool: list[str], primers: list[str]) 
 def warm_behind(engine, q, mode: str, k: int, pool: list[str], primers: list[str]) -> None:
     engine.stores.memory = MemoryStore()
     for j, text in enumerate(q.passages):
-        ctx = list(engine.context_ids)
+        ctx = list(engine.kv.context_ids)
         for other in contexts(mode, k, q, j, pool, primers):
             ctx += engine.encode_chunk(other).ids
         ids = engine.encode_chunk(text).ids
         (key,) = engine.chunk_keys([text])
-        kv = encode_padded(engine.adapter, ctx, [ids])[0][..., : len(ids), :]  # [layers, 2, Hkv, T, d]
+        kv = forward_padded(engine.adapter, ctx, [ids])[0][..., : len(ids), :]  # [layers, 2, Hkv, T, d]
         engine.stores.memory.put(ChunkRecord(key, kv.to("cpu", torch.float16).contiguous(), text))
 
 

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="ray_warm-"))
 
     def records(folder: Path) -> dict:
-        store = DiskStore(folder, engine.fingerprint, compact.codec_for(config.kv_dtype))
+        store = DiskStore(folder, engine.kv.fingerprint, compact.codec_for(config.kv_dtype))
         keys = [p.name.removesuffix(".safetensors") for p in (store.dir / "kv").rglob("*.safetensors")]
         return {k: store.get(k).kv for k in keys}
 

@@ -196,7 +196,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         for name in names:
             cfg, sel = METHODS[name]
             eng = views.get(name) or engines[cfg.neighbours]
-            records = ladders.get(name) or eng.records
+            records = ladders.get(name) or eng.kv.records
             if isinstance(sel, OracleSelector):
                 sel.set_reference(full, Prefiller(eng.adapter, eng.encode_chunk, records, cfg.with_ratio(0.0)).run(
                     engine.request(**req)))
@@ -219,7 +219,7 @@ def _ladder_records(steps: tuple[int, ...], engines: dict):
 
     def lookup(chunks):
         picks = [engines[steps[min(i, len(steps) - 1)]] for i in range(len(chunks))]
-        return [e.stores.get(chunk_key(e.fingerprint, c)) for e, c in zip(picks, chunks)]
+        return [e.stores.get(chunk_key(e.kv.fingerprint, c)) for e, c in zip(picks, chunks)]
 
     return lookup
 
@@ -231,7 +231,7 @@ def _mix_records(alpha: float, warmed: BlendEngine):
     def lookup(chunks):
         records = []
         for i, ids in enumerate(chunks):
-            plain, lead = (warmed.stores.get(k) for k in warmed.record_keys(ids))
+            plain, lead = (warmed.stores.get(k) for k in warmed.kv.record_keys(ids))
             if i == 0:
                 records.append(lead)
                 continue

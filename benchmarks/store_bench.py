@@ -70,13 +70,13 @@ def drop_page_cache(disk: DiskStore, keys: list[str]) -> None:
 
 
 def load_times(engine: BlendEngine, disk: DiskStore, remote, passages: list[str], repeats: int) -> dict[str, float]:
-    """Median seconds to read a prompt's chunk records the way its prefill does (``engine.records``:
+    """Median seconds to read a prompt's chunk records the way its prefill does (``engine.kv.records``:
     the first chunk's lead record, the others' records warmed behind neighbours) with only one
     tier holding them."""
     chain, out = engine.stores, {}
     saved = chain.attached
     chunks = [engine.encode_chunk(clean_chunk(t)).ids for t in passages]
-    keys = [k for ids in chunks for k in engine.record_keys(ids) if k is not None]
+    keys = [k for ids in chunks for k in engine.kv.record_keys(ids) if k is not None]
     for tier in TIERS:
         times = []
         for _ in range(repeats):
@@ -86,7 +86,7 @@ def load_times(engine: BlendEngine, disk: DiskStore, remote, passages: list[str]
             if tier == "cold disk":
                 drop_page_cache(disk, keys)
             t = time.perf_counter()
-            got = engine.records(chunks)
+            got = engine.kv.records(chunks)
             times.append(time.perf_counter() - t)
             assert all(r is not None for r in got), f"{tier}: a chunk is missing"
         out[tier] = statistics.median(times)

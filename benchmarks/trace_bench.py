@@ -215,7 +215,7 @@ def ttft_leg(engine, pool, trace, replays, args) -> dict:
             keep = {tuple(engine.encode_chunk(pool[i]).ids) for i in allowed}
 
             def records(chunks, keep=keep):  # the engine's records, for the passages this state holds
-                got = engine.records(chunks)
+                got = engine.kv.records(chunks)
                 return [r if tuple(c) in keep else None for c, r in zip(chunks, got)]
 
             req = engine.request(chunks=[pool[i] for i in trace[n]], query="What do these passages say?")

@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/warm_rate.py --quick     # 2 passages of up to 96 tokens, 1 repeat
 
 Takes ``--chunks`` pydoc passages (~384-512 tokens each: ``--chunk-tokens``) and times, alternately:
-- warming: ``encode_padded`` in batches of 8, what ``engine.warm`` runs (explicit-mask path);
-- equal-length: ``encode_grouped`` (equal-length sub-batches, causal kernel), the alternative;
+- warming: ``forward_padded`` in batches of 8, what ``engine.warm`` runs (explicit-mask path);
+- equal-length: ``forward_grouped`` (equal-length sub-batches, causal kernel), the alternative;
 - full prefill: one prefill over the same tokens concatenated in groups of 6 (~3,000 tokens,
   the size of a benchmark prompt).
 - ``engine.warm`` alone, behind 1 neighbour, and behind 1 neighbour with lead records (the
@@ -24,7 +24,7 @@ import torch
 
 from cacheblend import BlendConfig, BlendEngine
 from cacheblend.blending.blend import BlendInput, blend_prefill
-from cacheblend.blending.encode import encode_padded, encode_grouped
+from cacheblend.blending.warm_forward import forward_padded, forward_grouped
 from cacheblend.blending.selection import NoneSelector
 from cacheblend.tools.datasets import pydoc_passages
 from runfile import RunRecord, add_common
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         args.chunks, args.repeats, args.chunk_tokens = 2, 1, 96
     record = RunRecord.start(args)
     engine = BlendEngine.from_pretrained(args.model)
-    model, ctx = engine.adapter, engine.context_ids
+    model, ctx = engine.adapter, engine.kv.context_ids
     lo = args.chunk_tokens * 3 // 4
     passages = [p for p in pydoc_passages(engine.count_tokens, args.chunk_tokens) if engine.count_tokens(p.text) >= lo]
     chunks = [engine.encode_chunk(p.text).ids for p in passages[: args.chunks]]
@@ -51,11 +51,11 @@ def main(argv: list[str] | None = None) -> None:
 
     def padded():
         for i in range(0, len(order), 8):
-            encode_padded(model, ctx, order[i : i + 8])
+            forward_padded(model, ctx, order[i : i + 8])
 
     def warming():
         for i in range(0, len(order), 8):
-            encode_grouped(model, ctx, order[i : i + 8])
+            forward_grouped(model, ctx, order[i : i + 8])
 
     def full():
         for i in range(0, len(chunks), 6):
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             computed[name] = eng.kv.tokens_warmed
         return name, run
 
-    runs = {"warming (encode_padded)": padded, "equal-length (encode_grouped)": warming, "full prefill": full}
+    runs = {"warming (forward_padded)": padded, "equal-length (forward_grouped)": warming, "full prefill": full}
     runs.update([
         warm_with("engine.warm, alone", BlendConfig(neighbours=0)),
         warm_with("engine.warm, 1 neighbour, no lead records", BlendConfig(neighbours=1, lead_alone=False)),

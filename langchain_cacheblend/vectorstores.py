@@ -86,10 +86,10 @@ class CacheBlendFAISS(FAISS):
         return warm_texts(texts, self.engine, store_dir=store_dir or self.kv_dir, neighbours=self.nearest_texts)
 
     def nearest_texts(self, texts: list[str]) -> list[list[str] | None]:
-        """For each text, the ``page_content`` of its ``engine.neighbours`` nearest other
+        """For each text, the ``page_content`` of its ``engine.kv.neighbours`` nearest other
         documents in this index (what a retriever returns beside it), nearest first; None for a text
         the index does not hold or cannot give back a vector for (the engine then picks)."""
-        k = self.engine.neighbours
+        k = self.engine.kv.neighbours
         content = {pos: doc.page_content for pos, doc in self._docs_by_position().items()}
         where: dict[str, int] = {}
         for pos, text in content.items():

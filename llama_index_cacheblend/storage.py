@@ -75,7 +75,7 @@ def attach_kv_store(persist_dir: str | Path, engine: BlendEngine | None = None) 
         others = DiskStore.fingerprints(root)
         held = f"it holds KV for other model fingerprints {others}" if others else "it is empty"
         warnings.warn(
-            f"no KV for {engine.name} (fingerprint {engine.fingerprint[:16]}) under {root}: {held}; "
+            f"no KV for {engine.name} (fingerprint {engine.kv.fingerprint[:16]}) under {root}: {held}; "
             "chunks will be computed at query time; persist_index(index, persist_dir, engine) re-warms them",
             ForeignKVStoreWarning,
             2,

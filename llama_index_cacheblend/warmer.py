@@ -111,7 +111,7 @@ class KVCacheWarmer(TransformComponent):
         kwargs.pop("kv_location", None)
         super().__init__(**kwargs)
         self._engine = cacheblend.shared_engine(self.model, device=self.device, dtype=self.dtype)
-        self.fingerprint = self._engine.fingerprint
+        self.fingerprint = self._engine.kv.fingerprint
         if self.store_dir is not None:
             self.store_dir = str(Path(self.store_dir).resolve())
             self._engine.attach_store(self.store_dir)

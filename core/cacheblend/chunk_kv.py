@@ -105,6 +105,9 @@ class ChunkKV:
             self.misses.offer(texts)
 
     def enable_warm_on_miss(self, limit: int = 256) -> None:
+        """Turns warm on miss on (idempotent; ``BlendEngine(warm_on_miss=True)`` does at start): from
+        now on each chunk a prefill finds in no tier is queued (at most ``limit`` waiting) and
+        warmed on a background thread while no prefill or generation runs."""
         with self.lock:
             if self._background is None:
                 self.misses = MissQueue(limit)

@@ -230,7 +230,7 @@ def cmd_bench(args) -> int:
     texts = sorted({p for ex in examples for p in ex.passages})
     engine.warm(texts, store_dir=store, progress=True)
     baseline = None
-    if engine.neighbours:  # CacheBlend's own warming (chunks alone) beside ours, in the same table
+    if engine.kv.neighbours:  # CacheBlend's own warming (chunks alone) beside ours, in the same table
         from dataclasses import replace
 
         from .engine import BlendEngine
@@ -249,7 +249,7 @@ def cmd_bench(args) -> int:
             "seconds": time.perf_counter() - started, "throughput": rates}
     print("\n" + bench.save(rows, out, title, meta))
     print(f"\nwarming {rates['warming_tokens_per_s']:.0f} chunk tokens/s ({rates['warming_computed_tokens_per_s']:.0f} "
-          f"tokens/s computed, each chunk behind {engine.neighbours} similar passage(s)) vs full prefill "
+          f"tokens/s computed, each chunk behind {engine.kv.neighbours} similar passage(s)) vs full prefill "
           f"{rates['full_prefill_tokens_per_s']:.0f} tokens/s")
     print(f"\nwrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}")
     return 0

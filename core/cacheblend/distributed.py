@@ -116,19 +116,19 @@ def plan_units(engine: Any, texts: Sequence[str], batch_size: int, known: Sequen
     neighbour pool, as a store's texts do). ValueError for a text ``warm`` refuses."""
     from .neighbours import NeighbourIndex, behind
 
-    w = engine.warmer
+    w = engine.kv.warmer
     uniq: dict[str, Any] = {}
     for chunk in w.prepare(texts):
         uniq.setdefault(chunk.key, chunk)  # the Warmer keeps a key's first chunk
     chunks = list(uniq.values())
     order = sorted(chunks, key=lambda c: len(c.ids))  # the Warmer's compute order
-    k = engine.neighbours
+    k = engine.kv.neighbours
     if not k:  # padded batches behind the chunk context: one unit per batch
         return [Unit(tuple(b), {}, (), tuple(c.key for c in b)) for b in _batches(order, batch_size)]
     index = NeighbourIndex()
     index.add([c.text for c in chunks], [c.ids for c in chunks])
     rest = sorted(t for t in known if t not in index)
-    index.add(rest, [w.encode(t) for t in rest])
+    index.add(rest, [w.tokenize(t) for t in rest])
     given: dict[str, list[str]] = {}
     for batch in _batches(order, batch_size):  # as Warmer._contexts asks the index, batch by batch
         found = index.nearest([c.ids for c in batch], k, exclude=[c.text for c in batch])
@@ -137,7 +137,7 @@ def plan_units(engine: Any, texts: Sequence[str], batch_size: int, known: Sequen
     taker: dict[str, Any] = {}  # lead key -> the chunk whose forward yields it
     for c in order:
         fixed = len(w.setup.context_ids) + len(c.ids)
-        kept = behind([index.ids(t) or w.encode(t) for t in given[c.text]], fixed, w.setup.context_window)
+        kept = behind([index.ids(t) or w.tokenize(t) for t in given[c.text]], fixed, w.setup.context_window)
         lead = w.keys(kept[0])[1] if kept else None
         if lead in by_lead and lead not in taker:
             taker[lead] = c
@@ -182,7 +182,7 @@ class Worker:
 
         torch.set_num_threads(threads)
         self.engine = BlendEngine.from_pretrained(model, device=device, config=config)
-        self.tier = open_tier(store, self.engine.fingerprint, compact.codec_for(config.kv_dtype))
+        self.tier = open_tier(store, self.engine.kv.fingerprint, compact.codec_for(config.kv_dtype))
 
     def pid(self) -> int:
         return os.getpid()
@@ -205,7 +205,7 @@ class Worker:
         t = time.perf_counter()
         scratch = StoreChain(MemoryStore(1 << 62))
         scratch.memory.put_many([ChunkRecord(k, torch.empty(0), "") for k in unit.present])
-        report = self.engine.warmer.run(list(unit.chunks), scratch, None, given=unit.given, batch_size=batch_size,
+        report = self.engine.kv.warmer.run(list(unit.chunks), scratch, None, given=unit.given, batch_size=batch_size,
                                         progress=False)
         records = scratch.memory.get_many(list(unit.keys))
         if any(r is None for r in records):  # a plan that does not match the Warmer: never store a part

@@ -30,7 +30,7 @@ from .prompts.prepared import Request, RequestBuilder
 from .prompts.request import has_chat_template, render_chat
 from .prompts.tokenize import Encoding, encode_prompt
 from .result import Generation
-from .stores import ChunkKey, ChunkRecord, KVTier, StoreChain
+from .stores import ChunkKey, KVTier, StoreChain
 
 
 class BlendEngine:
@@ -53,12 +53,8 @@ class BlendEngine:
         config = config or BlendConfig()
         self.adapter, self.tokenizer = adapt(model), tokenizer
         self.name = name or str(getattr(model.config, "_name_or_path", "") or model.config.model_type)
-        self.prefiller = Prefiller(self.adapter, self.encode_chunk, self.records, config, selector)
-        self.kv = kv = ChunkKV(self.adapter, tokenizer, config, memory_bytes)
-        # the chunk KV's parts under the names callers read (the same objects, never to reassign)
-        self.fingerprint, self.neighbours, self.lead_alone = kv.fingerprint, kv.neighbours, kv.lead_alone
-        self.context_ids, self.record_keys, self.finder = kv.context_ids, kv.record_keys, kv.finder
-        self.neighbour_index, self.warmer = kv.neighbour_index, kv.warmer
+        self.kv = kv = ChunkKV(self.adapter, tokenizer, config, memory_bytes)  # fingerprint, tiers, finder, warmer
+        self.prefiller = Prefiller(self.adapter, kv.encode, kv.records, config, selector)
         self.eos_ids = eos_ids(model, tokenizer)
         self.requests = RequestBuilder(tokenizer, kv.finder, self.context_window, kv.lock)
         if warm_on_miss:
@@ -97,11 +93,6 @@ class BlendEngine:
     @property
     def context_window(self) -> int:
         return self.adapter.max_positions
-
-    @property
-    def max_chunk_tokens(self) -> int:
-        """The longest chunk ``warm`` accepts: the context window minus the chunk context."""
-        return self.kv.warmer.max_chunk_tokens
 
     @property
     def is_chat_model(self) -> bool:
@@ -158,15 +149,6 @@ class BlendEngine:
         it behind, most similar first; by default the most similar chunks the engine knows."""
         target = self.attach_store(store_dir) if store_dir is not None else None
         return self.kv.warm(texts, target, neighbours, batch_size, progress)
-
-    def records(self, chunks: list[list[int]]) -> list[ChunkRecord | None]:
-        """The records a prompt's chunks (token ids, in prompt order) read, None for a miss."""
-        return self.kv.records(chunks)
-
-    def enable_warm_on_miss(self, limit: int = 256) -> None:
-        """Turns warm on miss on (idempotent): from now on each chunk a prefill finds in no tier is
-        queued (at most ``limit`` waiting) and warmed on a background thread while no generation runs."""
-        self.kv.enable_warm_on_miss(limit)
 
     def warm_pending(self, timeout: float = 300.0) -> bool:
         """Waits until every chunk queued by warm on miss so far is warmed (e.g. before a short-lived

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from .blending.encode import between_layers
+from .blending.warm_forward import between_layers
 
 
 class Preempted(Exception):
@@ -80,7 +80,7 @@ class MissQueue:
 
     def run(self, warm: Callable[[list[str]], object], text: str, pause: Callable[[], None] | None = None) -> None:
         """``warm([text])`` with ``pause()`` called before each layer it computes
-        (``blending.encode.between_layers``), counted as warmed or failed; never raises. A
+        (``blending.warm_forward.between_layers``), counted as warmed or failed; never raises. A
         ``Preempted`` warm puts ``text`` back at the queue's front."""
         try:
             with between_layers(pause):

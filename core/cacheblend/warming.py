@@ -1,7 +1,7 @@
 """The warming pipeline: validate chunk texts, find those no tier holds, compute their KV, store.
 
 A ``Warmer`` is built once per engine from what it needs and nothing else: the model adapter,
-a tokenizer function, the record keys, the neighbour index, the ``WarmSetup`` (what the KV is
+a tokenizer function (text -> chunk ids), the record keys, the neighbour index, the ``WarmSetup`` (what the KV is
 computed behind) and the lock that guards the tiers and the index: it is held to look records up,
 to pick neighbours and to store, never while the model computes, so a prefill never waits for a
 warm's compute. ``prepare`` validates every text before any compute (one bad text stores
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .blending.encode import encode_padded
+from .blending.warm_forward import forward_padded
 from .models.adapter import ModelAdapter
 from .neighbours import NeighbourIndex, behind
 from .prompts.request import clean_chunk
@@ -79,13 +79,13 @@ class Warmer:
     def __init__(
         self,
         adapter: ModelAdapter,
-        encode: Callable[[str], list[int]],
+        tokenize: Callable[[str], list[int]],
         keys: RecordKeys,
         index: NeighbourIndex,
         setup: WarmSetup,
         lock: threading.RLock | None = None,
     ) -> None:
-        self.adapter, self.encode, self.keys, self.index, self.setup = adapter, encode, keys, index, setup
+        self.adapter, self.tokenize, self.keys, self.index, self.setup = adapter, tokenize, keys, index, setup
         self.lock = lock or threading.RLock()
 
     @property
@@ -99,7 +99,7 @@ class Warmer:
         room = self.max_chunk_tokens
         chunks = []
         for text in cleaned:
-            ids = self.encode(text)
+            ids = self.tokenize(text)
             if len(ids) > room:
                 raise ValueError(f"a chunk of {len(ids)} tokens exceeds the context window ({room}): {text[:60]!r}...")
             chunks.append(WarmChunk(text, ids, *self.keys(ids)))
@@ -132,7 +132,7 @@ class Warmer:
         """Adds ``chunks`` and the ``known`` chunk texts to the neighbour index."""
         self.index.add([c.text for c in chunks], [c.ids for c in chunks])
         rest = sorted(t for t in known if t not in self.index)
-        self.index.add(rest, [self.encode(t) for t in rest])
+        self.index.add(rest, [self.tokenize(t) for t in rest])
 
     def run(
         self,
@@ -185,14 +185,14 @@ class Warmer:
         with tqdm(total=len(order) + len(todo.leads), desc="warming KV", unit="chunk", disable=not show) as bar:
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
-                computed = self._encode(batch, given, todo.leads, report)
+                computed = self._forward(batch, given, todo.leads, report)
                 self._store(writes, computed, report)
                 bar.update(len(computed))
             alone = sorted(todo.leads.values(), key=lambda c: len(c.ids))
             for start in range(0, len(alone), batch_size):
                 batch = alone[start : start + batch_size]
                 report.tokens += sum(len(ctx) + len(c.ids) for c in batch)
-                kv = encode_padded(self.adapter, ctx, [c.ids for c in batch])
+                kv = forward_padded(self.adapter, ctx, [c.ids for c in batch])
                 self._store(writes, [(c.lead, c, rows) for c, rows in zip(batch, kv)], report)
                 bar.update(len(batch))
 
@@ -208,12 +208,12 @@ class Warmer:
         out = []
         for chunk in batch:
             texts = given[chunk.text] if chunk.text in given else found[chunk.text]
-            ids = [self.index.ids(t) or self.encode(t) for t in texts]  # given texts may be unindexed
+            ids = [self.index.ids(t) or self.tokenize(t) for t in texts]  # given texts may be unindexed
             kept = behind(ids, len(ctx) + len(chunk.ids), self.setup.context_window)
             out.append(([*ctx, *(t for n in kept for t in n)], kept[0] if kept else None))
         return out
 
-    def _encode(
+    def _forward(
         self, batch: list[WarmChunk], given: dict[str, list[str]], leads: dict[ChunkKey, WarmChunk], report: WarmReport
     ) -> list[tuple[ChunkKey, WarmChunk, torch.Tensor]]:
         """(key, chunk, KV [layers, 2, kv_heads, >= tokens, head_dim]) of every chunk of ``batch``:
@@ -224,15 +224,15 @@ class Warmer:
             contexts = self._contexts(batch, given)
         report.tokens += sum(len(ctx) + len(c.ids) for (ctx, _), c in zip(contexts, batch))
         if not self.setup.neighbours:
-            return [(c.key, c, kv) for c, kv in zip(batch, encode_padded(self.adapter, contexts[0][0], [c.ids for c in batch]))]
+            return [(c.key, c, kv) for c, kv in zip(batch, forward_padded(self.adapter, contexts[0][0], [c.ids for c in batch]))]
         out, free = [], []
         base = len(self.setup.context_ids)
         for (ctx, first), chunk in zip(contexts, batch):
             lead = leads.pop(self.keys(first)[1], None) if first is not None and leads else None
             if lead is None:
-                out.append((chunk.key, chunk, encode_padded(self.adapter, ctx, [chunk.ids])[0]))
+                out.append((chunk.key, chunk, forward_padded(self.adapter, ctx, [chunk.ids])[0]))
                 continue
-            rows = encode_padded(self.adapter, ctx[:base], [ctx[base:] + chunk.ids])[0]  # from the first neighbour on
+            rows = forward_padded(self.adapter, ctx[:base], [ctx[base:] + chunk.ids])[0]  # from the first neighbour on
             free.append((lead.lead, lead, rows[..., : len(first), :]))
             out.append((chunk.key, chunk, rows[..., len(ctx) - base :, :]))
         return out + free

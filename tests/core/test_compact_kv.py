@@ -73,13 +73,13 @@ def test_int8_store_is_read_back_bitwise_by_a_new_engine(make_engine, tmp_path):
         got = reader.prefill(chunks=texts, query="Which token?", recompute_ratio=0.15)
     want = writer.prefill(chunks=texts, query="Which token?", recompute_ratio=0.15)
     assert got.stats.chunk_hits == 3 and torch.equal(got.output.logits, want.output.logits)
-    assert reader.fingerprint != make_engine(kv_dtype="float16").fingerprint  # never mixed with fp16 KV
+    assert reader.kv.fingerprint != make_engine(kv_dtype="float16").kv.fingerprint  # never mixed with fp16 KV
     sizes = {
         d: sum(p.stat().st_size for p in (tmp_path / d).rglob("*.safetensors")) for d in ("int8", "fp16")
     }
     assert sizes["int8"] < 0.56 * sizes["fp16"]  # head_dim 16 here; ~0.51x at head_dim 64 (benchmark)
-    disk = DiskStore(tmp_path / "int8", reader.fingerprint)
-    assert all(integrity.probe(disk.path(k), reader.fingerprint, k)["codec"] == "int8" for k in reader.chunk_keys(texts))
+    disk = DiskStore(tmp_path / "int8", reader.kv.fingerprint)
+    assert all(integrity.probe(disk.path(k), reader.kv.fingerprint, k)["codec"] == "int8" for k in reader.chunk_keys(texts))
 
 
 # KL that int8 KV may add over fp16 KV to a 15% blend's KL to full prefill. Measured on this test's

@@ -39,7 +39,7 @@ def assert_kv_close(ours, reference, tol):
 def assembled(engine, text: PromptText):
     encoding = encode_prompt(engine.tokenizer, text.text)
     chunks = chunk_encodings(text, engine.encode_chunk)
-    return assemble(text, encoding, chunks, engine.records([c.ids for c in chunks]), engine.adapter.device)
+    return assemble(text, encoding, chunks, engine.kv.records([c.ids for c in chunks]), engine.adapter.device)
 
 
 def blend(engine, text, schedule, selector):
@@ -89,7 +89,7 @@ def test_single_leading_chunk_behind_its_warm_context_is_exact_at_any_ratio(make
     lead = chat_lead(engine.tokenizer)
     text = PromptText(lead + CHUNKS[0] + "\n\n" + QUESTION, (Span(len(lead), len(lead) + len(CHUNKS[0]), CHUNKS[0]),))
     asm, out = blend(engine, text, engine.config.with_ratio(ratio).schedule(), DeviationSelector("v"))
-    assert asm.hits == 1 and asm.input.ids[: len(engine.context_ids)].tolist() == engine.context_ids
+    assert asm.hits == 1 and asm.input.ids[: len(engine.kv.context_ids)].tolist() == engine.kv.context_ids
     logits, kv = hf_reference(engine, asm.input.ids)
     torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-4)
     assert_kv_close(out.kv, kv, 1e-4)
@@ -174,18 +174,18 @@ def test_prefix_caching_baseline_equals_full_prefill(make_engine, family):
 def test_warming_in_equal_length_sub_batches_matches_one_padded_batch(make_engine, family):
     """Warming runs equal-length sub-batches through the causal kernel; the result must equal the
     explicit-mask padded batch on every real row (and be zero on padding rows)."""
-    from cacheblend.blending.encode import encode_padded, encode_grouped
+    from cacheblend.blending.warm_forward import forward_padded, forward_grouped
 
     engine = make_engine(family)
     chunks = [engine.encode_chunk(c).ids for c in CHUNKS]
     chunks.append(list(chunks[0][: len(chunks[1])]))  # two chunks of the same length share a sub-batch
-    ours = encode_grouped(engine.adapter, engine.context_ids, chunks)
-    masked = encode_padded(engine.adapter, engine.context_ids, chunks)
+    ours = forward_grouped(engine.adapter, engine.kv.context_ids, chunks)
+    masked = forward_padded(engine.adapter, engine.kv.context_ids, chunks)
     assert ours.shape == masked.shape
     for b, tok in enumerate(chunks):
         n = len(tok)
         torch.testing.assert_close(ours[b, ..., :n, :], masked[b, ..., :n, :], atol=1e-5, rtol=1e-5)
-        assert not ours[b, ..., n:, :].any()  # encode_grouped zero-fills padding
+        assert not ours[b, ..., n:, :].any()  # forward_grouped zero-fills padding
 
 
 @pytest.mark.parametrize("kv_dtype", ["float16", "float32"])

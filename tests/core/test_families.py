@@ -165,7 +165,7 @@ def test_fingerprint_does_not_change_with_the_date(template):
     for day in (datetime.datetime(2026, 1, 5, 12), datetime.datetime(2026, 7, 9, 12)):
         with time_machine.travel(day, tick=False):
             engine = family_engine("llama3_1", chat_template=template)
-            prints.append(engine.fingerprint)
+            prints.append(engine.kv.fingerprint)
             renders.append(engine.render_chat([{"role": "user", "content": "hi"}]))
     assert renders[0] != renders[1]  # the template does depend on the date
     assert prints[0] == prints[1]

@@ -58,10 +58,10 @@ def test_config_rejects_a_bad_neighbour_count(bad):
 
 def test_neighbours_are_part_of_the_fingerprint_and_alone_keeps_the_old_one(make_engine):
     alone, behind2 = make_engine("llama"), make_engine("llama", neighbours=2)
-    assert alone.fingerprint != behind2.fingerprint
+    assert alone.kv.fingerprint != behind2.kv.fingerprint
     assert alone.chunk_keys(SHIPS) != behind2.chunk_keys(SHIPS)
-    legacy = model_fingerprint(alone.adapter.model, alone.tokenizer, kv_dtype="float32", context_ids=alone.context_ids)
-    assert alone.fingerprint == legacy  # stores warmed before neighbours existed stay valid
+    legacy = model_fingerprint(alone.adapter.model, alone.tokenizer, kv_dtype="float32", context_ids=alone.kv.context_ids)
+    assert alone.kv.fingerprint == legacy  # stores warmed before neighbours existed stay valid
 
 
 def _hf_chunk_kv(engine, context: list[int], chunk: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -73,14 +73,14 @@ def _hf_chunk_kv(engine, context: list[int], chunk: list[int]) -> list[tuple[tor
 
 def _behind(engine, near: list[str]) -> list[int]:
     """The chunk context, then the neighbours ``near`` (most similar first) as placed: most similar last."""
-    return [*engine.context_ids, *(t for n in behind(_ids(engine, near), 0, 10**6) for t in n)]
+    return [*engine.kv.context_ids, *(t for n in behind(_ids(engine, near), 0, 10**6) for t in n)]
 
 
 def _assert_record_is(engine, text: str, context: list[int], variant: str = ""):
     """The stored record of ``text`` (its ``variant``) is the model's KV of it behind ``context``
     (K rotated to its positions there: records keep K before RoPE)."""
     (chunk,) = _ids(engine, [text])
-    record = engine.stores.get(chunk_key(engine.fingerprint, chunk, variant))
+    record = engine.stores.get(chunk_key(engine.kv.fingerprint, chunk, variant))
     assert record is not None, f"no {variant or 'plain'} record of {text[:30]!r}"
     pos = torch.arange(len(context), len(context) + len(chunk))
     cos, sin = engine.adapter.rope(pos)
@@ -95,7 +95,7 @@ def _assert_record_is(engine, text: str, context: list[int], variant: str = ""):
 def test_a_chunk_is_stored_as_computed_behind_its_two_nearest_passages(make_engine):
     engine = make_engine("llama", neighbours=2)
     engine.warm(SHIPS + BEES)
-    near = engine.neighbour_index.nearest(_ids(engine, [SHIPS[0]]), 2, exclude=[SHIPS[0]])[0]
+    near = engine.kv.neighbour_index.nearest(_ids(engine, [SHIPS[0]]), 2, exclude=[SHIPS[0]])[0]
     assert set(near) == set(SHIPS[1:])
     context = _behind(engine, near)
     _assert_record_is(engine, SHIPS[0], context)
@@ -111,7 +111,7 @@ def test_a_chunk_warmed_later_finds_neighbours_among_the_chunks_already_warmed(m
     engine = make_engine("llama", neighbours=1)
     engine.warm(SHIPS[:2] + BEES)
     engine.warm([SHIPS[2]])  # warmed on its own: its neighbour comes from what the engine knows
-    near = engine.neighbour_index.nearest(_ids(engine, [SHIPS[2]]), 1, exclude=[SHIPS[2]])[0]
+    near = engine.kv.neighbour_index.nearest(_ids(engine, [SHIPS[2]]), 1, exclude=[SHIPS[2]])[0]
     assert near[0] in SHIPS[:2]
     _assert_record_is(engine, SHIPS[2], _behind(engine, near))
 
@@ -119,7 +119,7 @@ def test_a_chunk_warmed_later_finds_neighbours_among_the_chunks_already_warmed(m
 def test_explicit_neighbours_are_used_as_given(make_engine):
     engine = make_engine("llama", neighbours=2)
     engine.warm([SHIPS[0]], neighbours=[[BEES[0], BEES[1]]])
-    _assert_record_is(engine, SHIPS[0], [*engine.context_ids, *_ids(engine, [BEES[1]])[0], *_ids(engine, [BEES[0]])[0]])
+    _assert_record_is(engine, SHIPS[0], [*engine.kv.context_ids, *_ids(engine, [BEES[1]])[0], *_ids(engine, [BEES[0]])[0]])
     before = engine.stores.get(engine.chunk_keys(SHIPS[:1])[0]).kv.clone()
     engine.warm([SHIPS[0]], neighbours=[[SHIPS[1]]])  # stored already: nothing is recomputed
     assert torch.equal(engine.stores.get(engine.chunk_keys(SHIPS[:1])[0]).kv, before)
@@ -130,19 +130,19 @@ def test_every_chunk_also_keeps_its_kv_warmed_alone_mostly_for_free(make_engine)
     context alone. A chunk that is another's neighbour gets it from that chunk's forward (it sits
     right behind the chunk context there); only the others are computed alone."""
     engine = make_engine("llama", neighbours=1)
-    assert BlendConfig().lead_alone and engine.lead_alone
+    assert BlendConfig().lead_alone and engine.kv.lead_alone
     texts = SHIPS + BEES
     engine.warm(texts)
-    ctx = list(engine.context_ids)
+    ctx = list(engine.kv.context_ids)
     for text in texts:
         _assert_record_is(engine, text, ctx, LEAD)
-    near = {t: engine.neighbour_index.nearest(_ids(engine, [t]), 1, exclude=[t])[0][0] for t in texts}
+    near = {t: engine.kv.neighbour_index.nearest(_ids(engine, [t]), 1, exclude=[t])[0][0] for t in texts}
     size = {t: len(_ids(engine, [t])[0]) for t in texts}
     alone = [t for t in texts if t not in near.values()]
     assert alone and len(alone) < len(texts)
     assert engine.kv.tokens_warmed == sum(len(ctx) + size[near[t]] + size[t] for t in texts) + sum(len(ctx) + size[t] for t in alone)
-    assert not make_engine("llama", neighbours=1, lead_alone=False).lead_alone
-    assert not make_engine("llama", lead_alone=True).lead_alone  # warming alone: one record is both
+    assert not make_engine("llama", neighbours=1, lead_alone=False).kv.lead_alone
+    assert not make_engine("llama", lead_alone=True).kv.lead_alone  # warming alone: one record is both
 
 
 def test_the_first_chunk_of_a_prompt_reads_its_lead_record(make_engine, tmp_path):
@@ -152,17 +152,17 @@ def test_the_first_chunk_of_a_prompt_reads_its_lead_record(make_engine, tmp_path
     plain.warm(SHIPS + BEES, store_dir=tmp_path)
     engine = make_engine("llama", neighbours=1)
     engine.attach_store(tmp_path)
-    assert engine.fingerprint == plain.fingerprint  # the same records; lead ones are extra keys
+    assert engine.kv.fingerprint == plain.kv.fingerprint  # the same records; lead ones are extra keys
     ids = _ids(engine, [BEES[0], SHIPS[2], SHIPS[0]])
-    fp = engine.fingerprint
-    assert [r.key for r in engine.records(ids)] == [chunk_key(fp, i) for i in ids]  # no lead record yet
+    fp = engine.kv.fingerprint
+    assert [r.key for r in engine.kv.records(ids)] == [chunk_key(fp, i) for i in ids]  # no lead record yet
     assert engine.prefill(chunks=[BEES[0], SHIPS[2]], query="Which ship?").stats.chunk_hits == 2
     assert not engine.is_warm(BEES[0])
     engine.warm(SHIPS + BEES)
-    ctx = len(engine.context_ids)
+    ctx = len(engine.kv.context_ids)
     assert engine.kv.tokens_warmed == sum(ctx + len(i) for i in _ids(engine, SHIPS + BEES))  # the lead records only
     assert engine.is_warm(BEES[0])
-    assert [r.key for r in engine.records(ids)] == [chunk_key(fp, ids[0], LEAD), chunk_key(fp, ids[1]), chunk_key(fp, ids[2])]
+    assert [r.key for r in engine.kv.records(ids)] == [chunk_key(fp, ids[0], LEAD), chunk_key(fp, ids[1]), chunk_key(fp, ids[2])]
 
 
 def test_bad_explicit_neighbours_are_refused_before_any_compute(make_engine):
@@ -197,13 +197,13 @@ def test_real_model_default_warming_blends_closer_to_full_prefill(real_engine):
     from cacheblend.tools.factset import questions
     from cacheblend.tools.quality import answer_kl
 
-    assert BlendConfig().neighbours >= 1 and real_engine.neighbours == BlendConfig().neighbours
+    assert BlendConfig().neighbours >= 1 and real_engine.kv.neighbours == BlendConfig().neighbours
     qs = questions("dev", 16)  # per question the gain varies a lot; over 60 it is 0.121 vs 0.197
     pool = sorted({p for q in questions("dev", 60) for p in q.passages})  # the split's 40 passages
     alone = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(neighbours=0))
     alone.warm(pool)
     real_engine.warm(pool)
-    assert real_engine.lead_alone
+    assert real_engine.kv.lead_alone
     plain = BlendEngine(real_engine.adapter.model, real_engine.tokenizer, config=BlendConfig(lead_alone=False))
     plain.kv.stores = real_engine.kv.stores  # the same records, read without the lead ones
     kl = {"reuse": [], "alone": [], "plain": [], "default": []}

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from cacheblend.prompts.finder import MIN_CHARS, ChunkFinder
-from cacheblend.stores import integrity
+from cacheblend.stores import compact, integrity
 from cacheblend.stores.record import ChunkRecord
 
 BOUNDED = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -238,10 +238,11 @@ def test_probe_on_damaged_files_raises_only_record_or_os_error(case):
 
 @settings(max_examples=60, deadline=None)
 @given(codec=CODECS, tokens=st.integers(1, 70), seed=st.integers(0, 10**6))
+@example(codec=("int4", torch.float16), tokens=62, seed=61)  # one int4 pass moves a scale by an ulp
 def test_valid_records_read_back_exactly_and_stay_stable(codec, tokens, seed):
     """The positive half: undamaged bytes read back as stored (plain: the very tensor written), and
-    a record written again from what was read reads back bitwise the same (what lets every tier
-    hold the same KV, see ``compact.roundtrip``)."""
+    what every tier holds (``compact.roundtrip``) written again reads back bitwise the same, so a
+    record copied from one tier into another is the same KV."""
     codec, dtype = codec
     torch.manual_seed(seed)
     kv = torch.randn(2, 2, 2, tokens, 8).to(dtype)  # [layers, 2, kv_heads, tokens, head_dim]
@@ -249,5 +250,6 @@ def test_valid_records_read_back_exactly_and_stay_stable(codec, tokens, seed):
     assert got.text == "t" * tokens and got.kv.shape == kv.shape
     if codec == "plain":
         assert _bits(got.kv) == _bits(kv)
-    again = integrity.decode(integrity.encode(got, FP, codec), FP, KEY)
-    assert _bits(again.kv) == _bits(got.kv)
+    held = compact.roundtrip(kv, codec)
+    again = integrity.decode(integrity.encode(ChunkRecord(KEY, held, "t"), FP, codec), FP, KEY)
+    assert _bits(again.kv) == _bits(held)

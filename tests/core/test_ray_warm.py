@@ -39,7 +39,7 @@ def reference(tiny_model_dir, tmp_path_factory):
     engine = BlendEngine.from_pretrained(tiny_model_dir, device="cpu", config=CONFIG)
     folder = tmp_path_factory.mktemp("one-process")
     engine.warm(CORPUS, store_dir=folder, progress=False)
-    return engine, _records(folder, engine.fingerprint)
+    return engine, _records(folder, engine.kv.fingerprint)
 
 
 def _records(folder: Path, fingerprint: str) -> dict[str, torch.Tensor]:
@@ -75,7 +75,7 @@ def test_two_workers_store_what_one_process_stores(local_ray, reference, tiny_mo
     assert all(n > 0 for n in report.per_worker)  # both workers did some of it
     assert len({r.pid for r in reports}) == 2 and os.getpid() not in {r.pid for r in reports}
     assert sorted(report.done) == sorted(want)
-    _assert_same(_records(tmp_path, engine.fingerprint), want)
+    _assert_same(_records(tmp_path, engine.kv.fingerprint), want)
     again = warm_corpus(CORPUS, model=tiny_model_dir, store=tmp_path, config=CONFIG, options=options)
     assert again.complete and again.computed == 0 and again.stored_before == len(want)  # idempotent
 
@@ -94,7 +94,7 @@ def test_a_killed_worker_loses_nothing_it_reported_and_a_rerun_finishes(local_ra
     assert killed and first.dead_workers == [0]
     assert not first.complete and first.missing and set(first.missing).isdisjoint(first.done)
     assert set(first.done) | set(first.missing) == set(want)
-    store = DiskStore(tmp_path, engine.fingerprint, "plain")
+    store = DiskStore(tmp_path, engine.kv.fingerprint, "plain")
     for key in first.done:  # every reported record reads back, and is the one-process bytes
         record = store.get(key)
         assert record is not None and torch.equal(record.kv, want[key])
@@ -102,7 +102,7 @@ def test_a_killed_worker_loses_nothing_it_reported_and_a_rerun_finishes(local_ra
                         options=RayWarmOptions(workers=2, threads=1))
     assert rerun.complete and rerun.stored_before >= len(first.done)
     assert rerun.computed == len(set(first.missing))  # only the lost unit is computed again
-    _assert_same(_records(tmp_path, engine.fingerprint), want)
+    _assert_same(_records(tmp_path, engine.kv.fingerprint), want)
 
 
 def test_a_redis_store_gets_the_same_records(local_ray, reference, tiny_model_dir, tmp_path):
@@ -116,7 +116,7 @@ def test_a_redis_store_gets_the_same_records(local_ray, reference, tiny_model_di
                              options=RayWarmOptions(workers=2, threads=1))
         assert report.complete and report.computed == len(want)
         keys = sorted(want)
-        got = RedisStore.from_url(server.url, engine.fingerprint, "plain").get_many(keys)
+        got = RedisStore.from_url(server.url, engine.kv.fingerprint, "plain").get_many(keys)
         _assert_same({k: r.kv for k, r in zip(keys, got) if r is not None}, want)
     finally:
         server.stop()

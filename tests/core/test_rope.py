@@ -39,8 +39,8 @@ def test_realigned_keys_equal_keys_at_target_positions(make_engine, rope, offset
     assert engine.adapter.config.rope_parameters["rope_type"] == rope
     (key,) = engine.warm([TEXT])
     stored = engine.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
-    lead, n = len(engine.context_ids), stored.shape[3]
-    ids = torch.tensor([engine.context_ids + engine.encode_chunk(TEXT).ids])
+    lead, n = len(engine.kv.context_ids), stored.shape[3]
+    ids = torch.tensor([engine.kv.context_ids + engine.encode_chunk(TEXT).ids])
     pos = torch.arange(ids.shape[1])[None] + offset
     out = engine.adapter.model(input_ids=ids, position_ids=pos, use_cache=True)
     cos, sin = engine.adapter.rope(pos[0, lead:])
@@ -68,8 +68,8 @@ def test_gemma3_keys_realign_with_their_own_layer_types_geometry(tokenizer, offs
     assert sorted(set(kinds)) == [0, 1] and kinds.count(kinds[-1]) == 1  # 5 sliding layers, 1 full
     (key,) = engine.warm([TEXT])
     stored = engine.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
-    lead = len(engine.context_ids)
-    ids = torch.tensor([engine.context_ids + engine.encode_chunk(TEXT).ids])
+    lead = len(engine.kv.context_ids)
+    ids = torch.tensor([engine.kv.context_ids + engine.encode_chunk(TEXT).ids])
     pos = torch.arange(ids.shape[1])[None] + offset
     out = engine.adapter.model(input_ids=ids, position_ids=pos, cache=DynamicCache(), use_cache=True)  # full layers
     tables = RopeTables.at(engine.adapter, pos[0, lead:])

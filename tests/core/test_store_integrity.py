@@ -77,7 +77,7 @@ def test_corrupt_record_is_recomputed_then_rewritten_by_the_next_warm(make_engin
     disk = engine.attach_store(tmp_path)
     key = engine.chunk_keys(texts[:1])[0]
     path = disk.path(key)
-    path.write_bytes(damage(path.read_bytes(), "inf", engine.fingerprint, key))
+    path.write_bytes(damage(path.read_bytes(), "inf", engine.kv.fingerprint, key))
     with pytest.warns(StoreWarning) as caught:
         pre = engine.prefill(chunks=texts, query="Which river?", recompute_ratio=0.0)
     assert pre.stats.chunk_hits == 2 and pre.stats.chunk_misses == 1 and len(caught) == 1
@@ -86,7 +86,7 @@ def test_corrupt_record_is_recomputed_then_rewritten_by_the_next_warm(make_engin
     fresh.warm(texts, store_dir=tmp_path)  # rewrites the quarantined record
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert torch.equal(DiskStore(tmp_path, engine.fingerprint).get(key).kv, fresh.stores.get(key).kv)
+        assert torch.equal(DiskStore(tmp_path, engine.kv.fingerprint).get(key).kv, fresh.stores.get(key).kv)
 
 
 def test_temp_files_of_dead_writers_are_removed_at_open(tmp_path):
@@ -204,7 +204,7 @@ def _kill_one_writer(proc, disk, engine, round_: int, rng) -> str:
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"round {round_} ended with {status}"
     if point in ("write", "rename"):  # its temp file is there (until the next writer opens the store)
         (temp,) = (disk.dir / "tmp").glob(f"*-{pid}-*.part")
-        whole = [k for k in engine.chunk_keys(texts) if _decodes(temp.read_bytes(), engine.fingerprint, k)]
+        whole = [k for k in engine.chunk_keys(texts) if _decodes(temp.read_bytes(), engine.kv.fingerprint, k)]
         assert len(whole) == (point == "rename")  # half a record, or a whole one not renamed...
         assert not any(disk.path(k).exists() for k in whole)  # ...that no reader can see
     return point
@@ -227,7 +227,7 @@ def test_kill_9_while_warming_leaves_only_true_records(make_engine, bundled_dir,
     import random
 
     store, engine = tmp_path / "kv", make_engine()
-    disk = DiskStore(store, engine.fingerprint)
+    disk = DiskStore(store, engine.kv.fingerprint)
     script = FORKING_WARMER.format(tests=str(HERE.parent), tok=str(bundled_dir), store=str(store))
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -238,7 +238,7 @@ def test_kill_9_while_warming_leaves_only_true_records(make_engine, bundled_dir,
         proc.stdin.close()
         proc.wait(30)
     assert sorted(set(points)) == sorted(KILL_POINTS)
-    disk = DiskStore(store, engine.fingerprint)  # opening cleans the dead writers' temp files
+    disk = DiskStore(store, engine.kv.fingerprint)  # opening cleans the dead writers' temp files
     assert not list((disk.dir / "tmp").glob("*.part"))
     stored = disk._record_keys()
     everything = [t for r in range(ROUNDS) for t in _round_texts(r)]

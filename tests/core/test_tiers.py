@@ -73,9 +73,9 @@ def test_a_new_tier_is_one_module_and_one_scheme_line(make_engine, dict_scheme):
     shared = dict_scheme["dict://kv"]
     assert set(shared.records) == set(first.chunk_keys(TEXTS))
     second = make_engine("llama")
-    assert first.fingerprint == second.fingerprint
+    assert first.kv.fingerprint == second.kv.fingerprint
     second.attach_store("dict://kv")  # learns the texts, so a raw prompt finds the chunks
-    assert len(second.finder) == len(TEXTS)
+    assert len(second.kv.finder) == len(TEXTS)
     a = first.prefill(chunks=TEXTS[::-1], query="Which ships?")
     b = second.prefill(chunks=TEXTS[::-1], query="Which ships?")
     assert b.stats.cached_tokens == a.stats.cached_tokens > 0
@@ -85,16 +85,16 @@ def test_a_new_tier_is_one_module_and_one_scheme_line(make_engine, dict_scheme):
 
 def test_warm_report_counts_what_was_computed_and_copied(make_engine, tmp_path, dict_scheme):
     engine = make_engine("llama")
-    first = engine.warmer.run(engine.warmer.prepare(TEXTS), engine.stores)  # memory only
+    first = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.stores)  # memory only
     assert first.computed == len(TEXTS) and first.copied == 0 and first.tokens > 0
-    again = engine.warmer.run(engine.warmer.prepare(TEXTS), engine.stores)
+    again = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.stores)
     assert (again.computed, again.copied, again.tokens) == (0, 0, 0)  # idempotent: nothing to do
     disk = engine.attach_store(tmp_path)
-    copy = engine.warmer.run(engine.warmer.prepare(TEXTS), engine.stores, disk)
+    copy = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.stores, disk)
     assert (copy.computed, copy.copied, copy.tokens) == (0, len(TEXTS), 0)  # copied from memory, not computed
     assert all(k in disk for k in copy.keys)
     shared = engine.attach_store("dict://late")  # attached after warming: the next warm copies into it
-    late = engine.warmer.run(engine.warmer.prepare(TEXTS), engine.stores)
+    late = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.stores)
     assert (late.computed, late.copied) == (0, len(TEXTS)) and set(shared.records) == set(late.keys)
 
 

@@ -38,7 +38,7 @@ def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_w
         assert all(eager.is_warm(p) for p in PASSAGES) and eager.kv.misses.warmed == 3
         plain.warm(PASSAGES)  # what index-time warming stores, for comparison
         for text in PASSAGES:  # the same neighbours: the missed prompt's passages were known before any warmed
-            key, lead = plain.record_keys(plain.encode_chunk(text).ids)
+            key, lead = plain.kv.record_keys(plain.encode_chunk(text).ids)
             assert torch.equal(eager.stores.get(key).kv, plain.stores.get(key).kv), text[:20]
             # a batch warm takes a first neighbour's lead record from its neighbour's forward (a longer
             # sequence: float rounding differs), one chunk at a time computes it alone
@@ -226,7 +226,7 @@ def test_a_preempted_warm_goes_back_to_the_queue_front_and_is_warmed_next():
         raise Preempted
 
     def warm(texts):  # a warm that reaches its first layer (``between_layers``' hook)
-        from cacheblend.blending.encode import _HOOK
+        from cacheblend.blending.warm_forward import _HOOK
 
         seen.append(texts[0])
         hook = _HOOK.get()

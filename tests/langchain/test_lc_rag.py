@@ -145,7 +145,7 @@ def test_warm_documents_works_with_any_vector_store_and_a_text_splitter(engine, 
 def test_saved_index_is_reused_by_a_new_process_without_warming(tmp_path, engine, retriever, rag_store):
     rag_store.save_local(tmp_path)
     files = {p: p.stat().st_mtime_ns for p in (tmp_path / "cacheblend").rglob("*") if p.is_file()}
-    per_chunk = 2 if engine.lead_alone else 1  # with lead records: the KV behind neighbours, and alone
+    per_chunk = 2 if engine.kv.lead_alone else 1  # with lead records: the KV behind neighbours, and alone
     assert sum(p.suffix == ".safetensors" for p in files) == per_chunk * len(rag_store.documents())
     here = rag_chain(retriever, ChatCacheBlend(max_tokens=MAX_TOKENS)).invoke(QUESTION)
 

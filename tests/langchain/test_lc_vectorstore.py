@@ -188,7 +188,7 @@ def test_torn_kv_file_is_recomputed_with_a_warning(tmp_path, embeddings, tiny_mo
     writer = BlendEngine.from_pretrained(tiny_model_dir)
     CacheBlendFAISS.from_texts(texts, embeddings, engine=writer).save_local(tmp_path)
     ids = writer.encode_chunk(texts[0]).ids
-    keys = [chunk_key(writer.fingerprint, ids, LEAD), chunk_key(writer.fingerprint, ids)]  # what it reads first
+    keys = [chunk_key(writer.kv.fingerprint, ids, LEAD), chunk_key(writer.kv.fingerprint, ids)]  # what it reads first
     victims = sorted((p for p in kv_files(tmp_path) if p.stem in keys), key=lambda p: keys.index(p.stem))
     assert len(victims) == RECORDS_PER_CHUNK
     for n, victim in enumerate(victims):
@@ -214,7 +214,7 @@ def test_an_engine_warming_behind_neighbours_gets_them_from_the_faiss_index(engi
     import torch
 
     from cacheblend import BlendConfig
-    from cacheblend.blending.encode import encode_padded
+    from cacheblend.blending.warm_forward import forward_padded
     from cacheblend.neighbours import behind
 
     nb = BlendEngine(engine.adapter.model, engine.tokenizer, config=BlendConfig(neighbours=2))
@@ -232,9 +232,9 @@ def test_an_engine_warming_behind_neighbours_gets_them_from_the_faiss_index(engi
     assert nearest(NEIGHBOURLY[-1:]) == [near[NEIGHBOURLY[-1]]]
     for text in NEIGHBOURLY:
         ids = nb.encode_chunk(text).ids
-        placed = behind([nb.encode_chunk(t).ids for t in near[text]], len(nb.context_ids) + len(ids), nb.context_window)
-        context = [*nb.context_ids, *(t for n in placed for t in n)]
-        expected = encode_padded(nb.adapter, context, [ids])[0].to(torch.float16)
+        placed = behind([nb.encode_chunk(t).ids for t in near[text]], len(nb.kv.context_ids) + len(ids), nb.context_window)
+        context = [*nb.kv.context_ids, *(t for n in placed for t in n)]
+        expected = forward_padded(nb.adapter, context, [ids])[0].to(torch.float16)
         stored = nb.stores.get(nb.chunk_keys([text])[0]).kv
         torch.testing.assert_close(stored, expected, atol=1e-3, rtol=1e-3)
     assert store.nearest_texts(["a text the index does not hold, long enough to be warmed"]) == [None]

@@ -33,6 +33,7 @@ def _error(response, status):
         ({"model": TINY, "messages": USER, "max_completion_tokens": 1.5}, "max_completion_tokens", "integer"),
         ({"model": TINY, "messages": USER, "stop": [1]}, "stop", "'stop'"),
         ({"model": TINY, "messages": USER, "recompute_ratio": 2}, "recompute_ratio", "recompute_ratio"),
+        ({"model": TINY, "messages": USER, "recompute_ratio": "fast"}, "recompute_ratio", 'or "auto"'),
         ({"model": TINY, "messages": USER, "documents": [{"title": "t"}]}, "documents[0]", "documents[0]"),
         ({"model": TINY, "messages": USER, "n": 2}, "n", "n > 1"),
         ({"model": TINY, "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},

@@ -80,7 +80,7 @@ def test_stop_string_ends_the_answer(client):
     assert stopped.choices[0].finish_reason == "stop"
 
 
-def test_documents_are_warmed_after_their_first_use_off_its_path_and_reused_in_any_order(client, tiny_url):
+def test_documents_are_warmed_after_their_first_use_off_its_path_and_reused_in_any_order(client, tiny_url, tiny_engine):
     """Warm on miss: the first request computes its unseen documents inside the prompt (three
     misses, nothing cached, nothing warmed before it); the idle model thread then warms them, and
     the next request reads all three in another order."""
@@ -95,8 +95,13 @@ def test_documents_are_warmed_after_their_first_use_off_its_path_and_reused_in_a
     doc_tokens = second.usage.cacheblend["chunk_tokens"]
     assert second.usage.prompt_tokens_details.cached_tokens >= 0.8 * doc_tokens > 0
     full = _chat(client, "Who dug the spring?", extra_body={"documents": docs[::-1], "recompute_ratio": 1.0})
-    assert full.usage.prompt_tokens_details.cached_tokens == 0
-    assert metric(tiny_url, "chunk_hits_total") == hits + 3
+    assert full.usage.prompt_tokens_details.cached_tokens == 0 and full.usage.cacheblend["recompute_ratio"] == 1.0
+    assert second.usage.cacheblend["budget_signal"] is None  # a fixed ratio
+    auto = _chat(client, "Who dug the spring?", extra_body={"documents": docs, "recompute_ratio": "auto"})
+    cfg, use = tiny_engine.config, auto.usage.cacheblend
+    assert use["chunk_hits"] == 3 and use["budget_signal"] is not None
+    assert cfg.auto_min_ratio <= use["recompute_ratio"] <= cfg.auto_max_ratio  # the adaptive budget chose it
+    assert metric(tiny_url, "chunk_hits_total") == hits + 6
     assert metric(tiny_url, "warm_on_miss_warmed") == warmed + 3  # each warmed once, none again
 
 

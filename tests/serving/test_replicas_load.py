@@ -314,7 +314,7 @@ def test_two_replicas_under_mixed_load_warm_on_miss_from_both(tiny_model_dir, tm
 
         # (c) every document's record is in the shared store, whole and equal to the reference's
         texts = sorted({t for _, docs, _ in jobs for t in docs})
-        tier = open_tier(store, reference.engine.fingerprint, reference.codec())
+        tier = open_tier(store, reference.engine.kv.fingerprint, reference.codec())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             records = tier.get_many(reference.keys(texts))
@@ -381,7 +381,7 @@ def test_cluster_node_killed_mid_load(tiny_model_dir, tmp_path, reference):
     warmed_set, new_set = FACTS[16:24], FACTS[24:30]
     with contextlib.ExitStack() as stack:
         cluster = _cluster(tmp_path, stack)
-        fp = reference.engine.fingerprint
+        fp = reference.engine.kv.fingerprint
         node = {t: _node_index(cluster, fp, k) for t, k in zip(FACTS, reference.keys(FACTS))}
         # the node to kill: one holding records of the warmed set, with a live node holding others
         dead = max(range(3), key=lambda i: sum(node[t] == i for t in warmed_set))

@@ -9,7 +9,7 @@ So both integrations warm through ``warm_fitting``:
   whole words: a warmed "bar" would be cut out of every later prompt saying "the bar is open",
   changing that prompt's tokenization (" bar" is one token in running text, "bar" after a
   separate " " is two). The engine's ``ChunkFinder`` ignores such texts for the same reason.
-- A text longer than a chunk may be (``BlendEngine.max_chunk_tokens``) is skipped with a
+- A text longer than a chunk may be (``Warmer.max_chunk_tokens``) is skipped with a
   ``ChunkTooLongWarning``: a prompt could never hold it whole, and a partial copy is never reused.
 """
 
@@ -54,7 +54,7 @@ def warm_fitting(
     warmed, returns the passages each is computed behind (None: the engine picks), e.g. from the
     caller's vector index.
     """
-    room = engine.max_chunk_tokens
+    room = engine.kv.warmer.max_chunk_tokens
     todo = []
     for text in warmable(texts):
         n = engine.count_tokens(text.strip())
@@ -69,7 +69,7 @@ def warm_fitting(
         )
     if not todo:
         return []
-    near = neighbours(todo) if neighbours is not None and engine.neighbours else None
+    near = neighbours(todo) if neighbours is not None and engine.kv.neighbours else None
     return engine.warm(todo, store_dir=store_dir, batch_size=batch_size, progress=progress, neighbours=near)
 
 
@@ -94,6 +94,6 @@ class WarmCap:
         now, later = texts[:room], texts[room:]
         self.used += len(now)
         if later:
-            engine.enable_warm_on_miss()
+            engine.kv.enable_warm_on_miss()
             engine.expect(t.strip() for t in later)
         return now

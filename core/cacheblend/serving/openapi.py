@@ -35,8 +35,9 @@ def _sampling(names: list[str]) -> dict[str, Any]:
         "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
         "stream": {"type": ["boolean", "null"]},
         "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
-        "recompute_ratio": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
-                            "description": "share of tokens recomputed when blending (cacheblend extension)"},
+        "recompute_ratio": {"oneOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"enum": ["auto", None]}],
+                            "description": "share of tokens recomputed when blending, or \"auto\": the adaptive "
+                                           "budget (cacheblend extension)"},
         "documents": _DOCUMENTS,
     }
 

@@ -68,7 +68,7 @@ class Job:
     max_tokens: int | None
     sampling: Sampling
     stop: list[str]
-    recompute_ratio: float | None = None
+    recompute_ratio: float | str | None = None  # "auto": the adaptive budget
     documents: list[str] = field(default_factory=list)  # looked for in the prompt (warmed on miss, or first)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..blending.blend import BlendInput, blend_prefill
-from ..blending.encode import encode_chunks
+from ..blending.warm_forward import forward_chunks
 from ..blending.selection import NoneSelector
 from ..engine import BlendEngine
 from ..generation.decode import Prefilled
@@ -102,7 +102,7 @@ class PrefixCache:
     def __init__(self, engine: BlendEngine, prefix_ids: list[int]) -> None:
         self.engine, self.prefix_ids = engine, prefix_ids
         ids = torch.tensor([prefix_ids], device=engine.adapter.device)
-        self.kv = encode_chunks(engine.adapter, ids, torch.ones_like(ids, dtype=torch.bool), 0)[0]
+        self.kv = forward_chunks(engine.adapter, ids, torch.ones_like(ids, dtype=torch.bool), 0)[0]
 
     def prefill(self, ids: list[int]) -> Prefilled:
         assert ids[: len(self.prefix_ids)] == self.prefix_ids, "prompt does not start with the cached prefix"
@@ -187,7 +187,7 @@ def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict])
     n = len(engine.request(chunks=passages, query=examples[0].question, prefix=QA_PREFIX).ids)
     full = n / _row(rows, "full prefill")["ttft_s"]
     return {"warming_tokens_per_s": warm, "warming_computed_tokens_per_s": scratch.kv.tokens_warmed / elapsed,
-            "full_prefill_tokens_per_s": full, "neighbours": engine.neighbours}
+            "full_prefill_tokens_per_s": full, "neighbours": engine.kv.neighbours}
 
 
 def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) -> Prefilled:

@@ -4,7 +4,7 @@ This is the other half of the algorithm: ``blend.py`` reuses what this computes.
 (before RoPE) and V are computed once, behind the same context tokens (``BlendConfig.chunk_context``),
 so a chunk's KV depends on its own tokens only and can be reused wherever it lands.
 
-A warm can give way: inside ``between_layers(hook)`` every ``encode_chunks`` of this thread calls
+A warm can give way: inside ``between_layers(hook)`` every ``forward_chunks`` of this thread calls
 ``hook()`` before each layer, which may wait (the library's background warming waits while a
 prefill or a decode runs) or raise to abandon the warm (the server's model thread does when a
 request arrives). The hook is per thread (a context variable), so a prefill never sees it.
@@ -27,7 +27,7 @@ _HOOK: ContextVar[Callable[[], None] | None] = ContextVar("cacheblend_between_la
 
 @contextmanager
 def between_layers(hook: Callable[[], None] | None) -> Iterator[None]:
-    """Within the block, this thread's ``encode_chunks`` calls ``hook()`` before each layer."""
+    """Within the block, this thread's ``forward_chunks`` calls ``hook()`` before each layer."""
     token = _HOOK.set(hook)
     try:
         yield
@@ -35,7 +35,7 @@ def between_layers(hook: Callable[[], None] | None) -> Iterator[None]:
         _HOOK.reset(token)
 
 
-def encode_grouped(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+def forward_grouped(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
     """The KV of a batch of chunks (token ids), each behind ``context_ids``, right-padded.
 
     Returns [B, layers, 2, kv_heads, T, head_dim] with T the longest chunk; chunk b's rows are
@@ -44,7 +44,7 @@ def encode_grouped(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequ
     Chunks are computed in sub-batches of equal length, so no sub-batch has padding: each takes
     the causal attention kernel instead of the explicit-mask path and spends nothing on padding
     rows. Not used by warming: under heavy CPU contention benchmarks/warm_rate.py measured it
-    slower than one padded batch (37 vs 97 tokens/s), so warming keeps ``encode_padded`` until a
+    slower than one padded batch (37 vs 97 tokens/s), so warming keeps ``forward_padded`` until a
     quiet-machine measurement says otherwise.
     """
     by_length: dict[int, list[int]] = {}
@@ -53,14 +53,14 @@ def encode_grouped(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequ
     out = None
     for length, rows in by_length.items():
         ids = torch.tensor([[*context_ids, *chunks[b]] for b in rows], device=model.device)  # [b, ctx + length]
-        kv = encode_chunks(model, ids, torch.ones_like(ids, dtype=torch.bool), len(context_ids))  # [b, L, 2, Hkv, length, d]
+        kv = forward_chunks(model, ids, torch.ones_like(ids, dtype=torch.bool), len(context_ids))  # [b, L, 2, Hkv, length, d]
         if out is None:
             out = kv.new_zeros((len(chunks), *kv.shape[1:4], max(map(len, chunks)), kv.shape[-1]))
         out[rows, ..., :length, :] = kv
     return out
 
 
-def encode_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+def forward_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
     """The KV of a batch of chunks (token ids), each behind ``context_ids``, as one right-padded
     batch through the explicit-mask path. Returns [B, layers, 2, kv_heads, T, head_dim] with T the
     longest chunk; chunk b's rows are ``[..., :len(chunks[b]), :]`` (padding rows are garbage)."""
@@ -72,11 +72,11 @@ def encode_padded(model: ModelAdapter, context_ids: Sequence[int], chunks: Seque
         row = [*context_ids, *tok]
         ids[b, : len(row)] = torch.tensor(row, device=dev)
         valid[b, : len(row)] = True
-    return encode_chunks(model, ids, valid, len(context_ids))
+    return forward_chunks(model, ids, valid, len(context_ids))
 
 
 @torch.inference_mode()
-def encode_chunks(
+def forward_chunks(
     model: ModelAdapter, ids: torch.Tensor, valid: torch.Tensor, context: int
 ) -> torch.Tensor:
     """Computes the KV of a batch of chunks, each behind the same ``context`` tokens.
