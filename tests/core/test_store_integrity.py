@@ -122,8 +122,8 @@ def test_catalogue_is_rebuilt_from_record_headers(tmp_path, loss):
     expected = {f"text {i}" for i in range(4)}
     assert set(DiskStore(tmp_path, FP).texts()) == expected
     reread = DiskStore(tmp_path, FP)
-    assert set(reread._read_catalogue()[1]) == expected  # repaired on disk, not only in memory
-    assert not set(reread._record_keys()) - reread._read_catalogue()[0]
+    assert {t for _, t in reread.catalogue.read()} == expected  # repaired on disk, not only in memory
+    assert not set(reread._record_keys()) - {k for k, _ in reread.catalogue.read()}
 
 
 def _read_only_checks(root: str) -> None:

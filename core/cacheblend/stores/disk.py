@@ -3,8 +3,9 @@
 Disk format: one ``integrity`` record (a safetensors file: mmap-safe, no pickle, header with
 fingerprint, layout, key, text, codec and an xxh3-128 checksum of the tensor bytes) per chunk
 under ``<root>/<fingerprint[:16]>/kv/<key[:2]>/<key>.safetensors``, written atomically (a temp
-file in ``tmp/``, fsync, rename), and an append-only ``catalogue.jsonl`` of (key, text) that
-lets a new process find chunks in prompts.
+file in ``tmp/``, fsync, rename), and a ``catalogue.jsonl`` of (key, text) that lets a new
+process find chunks in prompts (``stores.catalogue``: appended per record, compacted by a bounded
+store once evictions have left it more than twice the records present).
 
 What can go wrong, and what happens:
 - a torn, altered or foreign record: a miss with a ``StoreWarning``; the file moves to
@@ -20,7 +21,8 @@ A byte budget (``max_bytes``; None: unbounded) keeps the record files' total at 
 recent, deleted first; a new record written only if looked up as often as what it pushes out).
 At open the files seed it (size; mtime as last use: oldest-touched go first). Deleting is an atomic
 ``unlink``: a reader sees a whole record or a miss (one that opened the file reads on). A catalogued
-text whose record is gone is a miss; ``texts()`` still names every record present. Processes sharing
+text whose record is gone is a miss (until a compaction drops its line); ``texts()`` still names
+every record present. Processes sharing
 a folder each enforce the budget over what they listed last plus their own writes and deletes, and
 list again at open and after writing ``max_bytes / RESCAN_FRACTION``: with ``w`` writers the total
 may pass the budget by about ``w * max_bytes / 8`` between listings. Popularity is per process.
@@ -28,8 +30,6 @@ may pass the budget by about ``w * max_bytes / 8`` between listings. Popularity 
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import socket
 import time
@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ..files import write_atomic
 from . import compact, integrity
+from .catalogue import Catalogue
 from .policy import Policy
 from .record import ChunkRecord, StoreWarning
 
@@ -68,7 +69,7 @@ class DiskStore:
         self.fingerprint, self.codec = fingerprint, codec
         self.dir = Path(root) / fingerprint[:16]
         self.location = str(self.dir.resolve())
-        self._catalogue = self.dir / "catalogue.jsonl"
+        self.catalogue = Catalogue(self.dir / "catalogue.jsonl")
         self._writable = True
         self.max_bytes = max_bytes
         self.policy = Policy(max_bytes, clock=time.time) if max_bytes is not None else None
@@ -151,7 +152,7 @@ class DiskStore:
             if self.policy is not None and not self._make_room(record.key, len(data)):
                 return
             write_atomic(self.path(record.key), data, tmp_dir=self.dir / "tmp", prefix=_temp_prefix())
-            self._append_catalogue([(record.key, record.text)])
+            self.catalogue.append([(record.key, record.text)])
             if self.policy is not None:
                 self.policy.add(record.key, len(data))
                 self._written += len(data)
@@ -175,9 +176,10 @@ class DiskStore:
 
     def texts(self) -> Iterable[str]:
         """The catalogue's texts, plus (re-catalogued) those of any record the catalogue lacks."""
-        known, texts = self._read_catalogue()
+        entries = self.catalogue.read()
+        texts = dict.fromkeys(t for _, t in entries)
         lost: list[tuple[str, str]] = []
-        for key in self._record_files().keys() - known:
+        for key in self._record_files().keys() - {k for k, _ in entries}:
             try:
                 lost.append((key, integrity.probe(self.path(key), self.fingerprint, key)["text"]))
             except (OSError, integrity.RecordError):
@@ -185,7 +187,7 @@ class DiskStore:
         texts.update(dict.fromkeys(t for _, t in lost))
         if lost and self._writable:
             try:
-                self._append_catalogue(lost)
+                self.catalogue.append(lost)
             except OSError:
                 pass  # read-only: the texts were still found for this process
         return list(texts)
@@ -196,6 +198,10 @@ class DiskStore:
             self._written = 0
             self.policy.sync(self._record_files())
             self._evict(self.policy.over_budget())
+            try:
+                self.catalogue.compact(self._record_keys())
+            except OSError:
+                pass  # read-only: the catalogue stays as it is
 
     def _make_room(self, key: str, nbytes: int) -> bool:
         """Deletes the files the policy picks so ``key`` fits; False when admission refuses it."""
@@ -230,32 +236,6 @@ class DiskStore:
 
     def _record_keys(self) -> set[str]:
         return set(self._record_files())
-
-    def _read_catalogue(self) -> tuple[set[str], dict[str, None]]:
-        keys: set[str] = set()
-        texts: dict[str, None] = {}
-        if not self._catalogue.is_file():
-            return keys, texts
-        with open(self._catalogue, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    entry = json.loads(line)
-                    texts[entry["text"]] = None
-                    keys.add(entry.get("key", ""))
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    continue  # a torn last line from a crashed writer
-        return keys, texts
-
-    def _append_catalogue(self, entries: list[tuple[str, str]]) -> None:
-        lines = "".join(json.dumps({"key": k, "text": t}, ensure_ascii=False) + "\n" for k, t in entries)
-        fd = os.open(self._catalogue, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # whole lines per writer, even across processes
-            size = os.fstat(fd).st_size
-            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # a killed writer's last line
-            os.write(fd, (("\n" if torn else "") + lines).encode("utf-8"))
-        finally:
-            os.close(fd)  # closing releases the lock
 
     def _quarantine(self, path: Path, inode: int) -> None:
         """Moves a bad record aside (unless a writer has just replaced it with a new file)."""
