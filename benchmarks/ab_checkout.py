@@ -45,7 +45,7 @@ for ex in examples:
         pre = engine.prefill(chunks=ex.passages, query=ex.question, recompute_ratio=ratio)
         answer = engine.generate_from(pre, max_new_tokens=args["answer_tokens"]).token_ids  # greedy
         out.append({"ratio": ratio, "logits": pre.output.logits.cpu(), "kv": [(k.cpu(), v.cpu()) for k, v in pre.output.kv],
-                    "recomputed": pre.stats.recomputed_tokens, "cached": pre.stats.cached_tokens, "answer": answer})
+                    "recomputed": pre.stats.recomputed_tokens, "cached": getattr(pre.stats, "hit_tokens", None) or getattr(pre.stats, "cached_tokens", 0), "answer": answer})
 torch.save(out, args["out"])
 """
 

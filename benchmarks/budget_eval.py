@@ -82,7 +82,7 @@ def request_rows(engine, dataset: str, qs: list, ratios: list[float], answer_tok
             kl, top1, same = _compare(p, pre, ids, ends_eos, engine.eos_ids)
             row["ratios"][str(r)] = {"same": same, "kl": kl, "top1": top1,
                                      "share": pre.stats.recomputed_tokens / pre.stats.prompt_tokens}
-            row.setdefault("reused_tokens", pre.stats.cached_tokens)
+            row.setdefault("reused_tokens", pre.stats.hit_tokens)
         row.update(stage1(engine, req, first15))
         rows.append(row)
         log(f"{dataset} {i + 1}/{len(qs)}: 15% same={row['ratios'].get('0.15', {}).get('same')} "

@@ -60,7 +60,7 @@ def measure(model: str, prompts: int, answer_tokens: int) -> dict:
             "question": q, "prompt_tokens": int(full.ids.shape[0]), "chunk_hits": blend.stats.chunk_hits,
             "max_abs_logit_diff": float((full.output.logits.float() - ref).abs().max()),
             "max_abs_logit": float(ref.abs().max()),
-            "reused": blend.stats.cached_tokens / chunk_tokens,
+            "reused": blend.stats.hit_tokens / chunk_tokens,
             "kl_blend": answer_kl(full, blend, answer.token_ids), "kl_reuse": answer_kl(full, reuse, answer.token_ids),
             "answers": texts, "right": {k: correct(v, answers) for k, v in texts.items()},
         })

@@ -231,6 +231,9 @@ def background_leg(engine, pool, trace, args, BlendEngine) -> dict:
     chunk stays a miss) and against a control that warms the same misses between the timed
     prompts (the background's store state without its timing)."""
     model, tok, cfg = engine.adapter.model, engine.tokenizer, engine.config
+    # untimed: the process's first forwards are slow (allocator, thread pools), and with
+    # ``--legs background`` the first leg's first prompt would be the process's first prefill
+    engine.generate(chunks=[pool[i] for i in trace[0]], query="What do these passages say?", max_new_tokens=8)
     out = {}
     for name, eager, sync in (("background", True, False), ("off", False, False), ("control", False, True)):
         eng = BlendEngine(model, tok, config=cfg, warm_on_miss=eager)

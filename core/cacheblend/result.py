@@ -12,7 +12,7 @@ class BlendStats:
     reused_tokens: prompt tokens whose KV came from the cache and was not recomputed.
     recomputed_tokens: prompt tokens computed through the last layer (every uncached token plus
         the selected reused ones). reused + recomputed == prompt_tokens.
-    cached_tokens: prompt tokens covered by chunk hits (before selection).
+    hit_tokens: prompt tokens covered by chunk hits (before selection).
     first_stage_tokens: rows a two-stage selector's first pass (``selector="question"``) computed
         through every layer before choosing what to recompute (0 for one-pass selectors).
     recompute_ratio: the share of reused tokens recomputed that the blend used (with
@@ -26,7 +26,7 @@ class BlendStats:
     prompt_tokens: int = 0
     reused_tokens: int = 0
     recomputed_tokens: int = 0
-    cached_tokens: int = 0
+    hit_tokens: int = 0
     chunk_hits: int = 0
     chunk_misses: int = 0
     first_stage_tokens: int = 0

@@ -60,7 +60,7 @@ def test_same_chunk_twice_reuses_one_record(make_engine):
     engine.warm([CHUNK])
     pre = engine.prefill(prompt=f"{CHUNK}\n\n{CHUNK}\n\nWhat is it about?", recompute_ratio=0.0)
     n = engine.count_tokens(CHUNK)
-    assert (pre.stats.chunk_hits, pre.stats.cached_tokens) == (2, 2 * n)
+    assert (pre.stats.chunk_hits, pre.stats.hit_tokens) == (2, 2 * n)
 
 
 def test_unicode_chunks_round_trip(make_engine):
@@ -170,7 +170,7 @@ def test_a_request_is_validated_and_tokenized_once_and_reused_as_it_is(make_engi
     with pytest.raises(ValueError, match="already holds its chunks"):
         engine.prefill(req, query="another question")
     a, b = engine.prefill(req), engine.prefill(chunks=[CHUNK], query="What about tides?")
-    assert torch.equal(a.output.logits, b.output.logits) and a.stats.cached_tokens == b.stats.cached_tokens > 0
+    assert torch.equal(a.output.logits, b.output.logits) and a.stats.hit_tokens == b.stats.hit_tokens > 0
     with pytest.raises(ContextLengthError, match="context window") as err:
         engine.request("word " * engine.context_window)
     assert err.value.tokens >= err.value.window == engine.context_window

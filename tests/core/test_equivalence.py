@@ -8,7 +8,7 @@ from cacheblend.prompts.assemble import assemble, chunk_encodings
 from cacheblend.blending.blend import blend_prefill
 from cacheblend.prompts.finder import Span
 from cacheblend.prompts.request import PromptText
-from cacheblend.prompts.tokenize import chat_lead, encode_prompt
+from cacheblend.prompts.tokenize import chat_header, encode_prompt
 from cacheblend.blending.selection import AllSelector, DeviationSelector
 
 from tiny_models import FAMILIES
@@ -86,7 +86,7 @@ def test_engine_full_prefill_generation_matches_transformers_generate(make_engin
 def test_single_leading_chunk_behind_its_warm_context_is_exact_at_any_ratio(make_engine, family, ratio):
     engine = make_engine(family)
     engine.warm(CHUNKS[:1])
-    lead = chat_lead(engine.tokenizer)
+    lead = chat_header(engine.tokenizer)
     text = PromptText(lead + CHUNKS[0] + "\n\n" + QUESTION, (Span(len(lead), len(lead) + len(CHUNKS[0]), CHUNKS[0]),))
     asm, out = blend(engine, text, engine.config.with_ratio(ratio).schedule(), DeviationSelector("v"))
     assert asm.hits == 1 and asm.input.ids[: len(engine.kv.context_ids)].tolist() == engine.kv.context_ids

@@ -76,7 +76,7 @@ def test_every_warmed_chunk_hits(engine):
     pre = engine.prefill(**_request(ORDERS[1], QUESTIONS[1]))
     chunk_tokens = sum(len(engine.encode_chunk(passage(i)).ids) for i in GROUP)
     assert pre.stats.chunk_hits == 6 and pre.stats.chunk_misses == 0
-    assert pre.stats.cached_tokens >= chunk_tokens - 6  # at most one edge token per chunk recomputed
+    assert pre.stats.hit_tokens >= chunk_tokens - 6  # at most one edge token per chunk recomputed
     assert pre.stats.recomputed_tokens < pre.stats.prompt_tokens  # a blend, not a full prefill
 
 
@@ -88,7 +88,7 @@ def test_default_blend_is_closer_to_full_prefill_than_full_reuse_of_the_same_rec
         answer = engine.generate_from(full, max_new_tokens=ANSWER).token_ids
         blend, reuse = engine.prefill(**req), engine.prefill(**req, recompute_ratio=0.0)
         assert blend.stats.chunk_hits == reuse.stats.chunk_hits == 6
-        assert blend.stats.cached_tokens == reuse.stats.cached_tokens  # the same records
+        assert blend.stats.hit_tokens == reuse.stats.hit_tokens  # the same records
         kl["blend"].append(answer_kl(full, blend, answer))
         kl["reuse"].append(answer_kl(full, reuse, answer))
     mean = {k: statistics.mean(v) for k, v in kl.items()}

@@ -156,7 +156,7 @@ def test_prompt_path_finds_chunks_in_a_foreign_template(fresh_real_engine, pydoc
     s = out.stats
     assert (s.chunk_hits, s.chunk_misses) == (2, 0)
     n_chunk = engine.count_tokens(a) + engine.count_tokens(b)
-    assert s.cached_tokens == n_chunk  # every chunk token found, none lost to the template around it
+    assert s.hit_tokens == n_chunk  # every chunk token found, none lost to the template around it
     assert s.reused_tokens == n_chunk - budget_for(engine.config.recompute_ratio, n_chunk)  # all but the 15% picked
     full = engine.generate(prompt, max_new_tokens=8, recompute_ratio=1.0)
     assert full.stats.reused_tokens == 0 and full.stats.prompt_tokens == s.prompt_tokens
@@ -172,9 +172,9 @@ def test_blend_computes_only_the_selected_rows_past_the_check_layer(fresh_real_e
     req = dict(chunks=pydoc_chunks, query="What is this about?")
     blend, full = engine.prefill(**req), engine.prefill(**req, recompute_ratio=1.0)
     s, n = blend.stats, blend.stats.prompt_tokens
-    assert s.chunk_hits == 4 and s.cached_tokens > 0.9 * n  # a long prompt, almost all of it cached
+    assert s.chunk_hits == 4 and s.hit_tokens > 0.9 * n  # a long prompt, almost all of it cached
     (check,) = engine.config.check_layers
-    selected = (n - s.cached_tokens) + budget_for(engine.config.recompute_ratio, s.cached_tokens)
+    selected = (n - s.hit_tokens) + budget_for(engine.config.recompute_ratio, s.hit_tokens)
     rows = blend.output.active_per_layer
     assert rows[:check] == [n] * check and rows[check:] == [selected] * (len(rows) - check)
     assert s.recomputed_tokens == selected and s.reused_tokens == n - selected

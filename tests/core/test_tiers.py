@@ -78,7 +78,7 @@ def test_a_new_tier_is_one_module_and_one_scheme_line(make_engine, dict_scheme):
     assert len(second.kv.finder) == len(TEXTS)
     a = first.prefill(chunks=TEXTS[::-1], query="Which ships?")
     b = second.prefill(chunks=TEXTS[::-1], query="Which ships?")
-    assert b.stats.cached_tokens == a.stats.cached_tokens > 0
+    assert b.stats.hit_tokens == a.stats.hit_tokens > 0
     assert torch.equal(a.output.logits, b.output.logits)
     assert second.kv.tokens_warmed == 0 and shared.asked >= 1
 

@@ -31,7 +31,7 @@ def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_w
     try:
         first = eager.prefill(chunks=PASSAGES, query=QUESTION)
         same = plain.prefill(chunks=PASSAGES, query=QUESTION)
-        assert first.stats.chunk_misses == 3 and first.stats.cached_tokens == 0
+        assert first.stats.chunk_misses == 3 and first.stats.hit_tokens == 0
         assert first.missed == PASSAGES
         assert torch.equal(first.output.logits, same.output.logits)  # warm on miss changes no answer
         assert eager.warm_pending(60)
@@ -44,7 +44,7 @@ def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_w
             # sequence: float rounding differs), one chunk at a time computes it alone
             torch.testing.assert_close(eager.stores.get(lead).kv, plain.stores.get(lead).kv, atol=1e-5, rtol=0)
         again = eager.prefill(chunks=PASSAGES[::-1], query=QUESTION)
-        assert again.stats.chunk_hits == 3 and again.missed == [] and again.stats.cached_tokens > 0
+        assert again.stats.chunk_hits == 3 and again.missed == [] and again.stats.hit_tokens > 0
         assert eager.kv.misses.offered == 3  # hits offer nothing
     finally:
         eager.close()

@@ -59,7 +59,7 @@ def assert_chunk_tokens_reused(engine, message, docs):
     (README's exact-prompts table: 100% on SmolLM2), and ``cache_read`` is exactly what the blend
     did not recompute: all of them but the 15% the selector picks."""
     n, stats = context_tokens(engine, docs), message.response_metadata["blend_stats"]
-    assert stats["cached_tokens"] == n, (stats, n)
+    assert stats["hit_tokens"] == n, (stats, n)
     reused = n - budget_for(engine.config.recompute_ratio, n)
     assert message.usage_metadata["input_token_details"]["cache_read"] == stats["reused_tokens"] == reused
 

@@ -62,7 +62,7 @@ def test_reloaded_in_a_new_process_reuses_the_stored_kv_without_rewarming(persis
     assert result["in_memory_after_load"] == 0
     assert result["nodes"] == 5
     assert (result["stats"]["chunk_hits"], result["stats"]["chunk_misses"]) == (5, 0)
-    assert result["stats"]["reused_tokens"] > 0.8 * result["stats"]["cached_tokens"]
+    assert result["stats"]["reused_tokens"] > 0.8 * result["stats"]["hit_tokens"]
     assert kv_files(kv_store_dir(persist_dir)) == before  # same files, same mtimes: nothing rewritten
 
 
@@ -83,7 +83,7 @@ def test_a_kv_store_written_for_another_model_is_never_reused(tmp_path, tiny_mod
         loaded = load_faiss_index(tmp_path, embed_model, engine=llm.engine)
     response = loaded.as_query_engine(llm=llm, similarity_top_k=3).query(QUESTIONS[0])
     s = stats.last
-    assert (s.chunk_hits, s.cached_tokens, s.reused_tokens) == (0, 0, 0)
+    assert (s.chunk_hits, s.hit_tokens, s.reused_tokens) == (0, 0, 0)
     prompt = llm.messages_to_prompt(stats.calls[-1].messages)
     full = llm.engine.generate(prompt, max_new_tokens=llm.max_new_tokens, recompute_ratio=1.0)
     assert str(response) == full.text  # computed: exactly the full-prefill answer

@@ -66,7 +66,7 @@ def test_reordered_second_query_reuses_its_chunks_and_agrees_with_full_prefill(p
     call = stats.calls[-1]
     chunk_tokens = sum(engine.count_tokens(t) for t in llm_texts(n.node for n in second.source_nodes))
     assert (call.stats.chunk_hits, call.stats.chunk_misses) == (5, 0)
-    assert call.stats.cached_tokens == chunk_tokens  # every node token found inside the prompt's tokenization
+    assert call.stats.hit_tokens == chunk_tokens  # every node token found inside the prompt's tokenization
     assert call.stats.reused_tokens == chunk_tokens - budget_for(engine.config.recompute_ratio, chunk_tokens)
 
     prompt = sent_prompt(llm, call)
@@ -98,7 +98,7 @@ def test_compact_resplit_computes_the_cut_nodes_and_reuses_only_whole_ones(persi
     for call, prompt in zip(stats.calls, prompts):
         whole = [t for t in texts if t in prompt]
         assert call.stats.chunk_hits == len(whole)
-        assert call.stats.cached_tokens == sum(llm.engine.count_tokens(t) for t in whole)
+        assert call.stats.hit_tokens == sum(llm.engine.count_tokens(t) for t in whole)
     cut = [t for t in texts if not any(t in p for p in prompts)]
     assert cut and all(any(t[:40] in p for p in prompts) for t in cut)  # present, but altered
 
@@ -179,7 +179,7 @@ def test_metadata_template_changed_after_warming_is_computed_not_reused(embed_mo
     # The user changes how metadata renders after warming: nothing matches, all is computed.
     response, prompt, s = query(llm, "{key} => {value}")
     assert "title => " in prompt
-    assert (s.chunk_hits, s.cached_tokens, s.reused_tokens) == (0, 0, 0)
+    assert (s.chunk_hits, s.hit_tokens, s.reused_tokens) == (0, 0, 0)
     full = llm.engine.generate(prompt, max_new_tokens=llm.max_new_tokens, recompute_ratio=1.0)
     assert str(response) == full.text  # exactly the full-prefill answer
 

@@ -109,7 +109,7 @@ class Reference:
         out = engine.generate(prompt, max_new_tokens=MAX_TOKENS, temperature=0)
         st = out.stats
         assert (st.chunk_hits, st.chunk_misses) == counts, (st, counts)
-        return (out.text, st.prompt_tokens, st.completion_tokens, st.reused_tokens, st.cached_tokens,
+        return (out.text, st.prompt_tokens, st.completion_tokens, st.reused_tokens, st.hit_tokens,
                 st.recomputed_tokens)
 
     def answers(self, docs: tuple[str, ...], q: int) -> dict[tuple[int, int], set[tuple]]:

@@ -1,6 +1,7 @@
 """Token usage of a generation, mapped once from BlendStats to what frameworks and clients read.
 
-``cached_tokens`` counts prompt tokens whose KV came from the cache and was not recomputed: what
+``cached_tokens`` counts prompt tokens whose KV came from the cache and was not recomputed
+(``BlendStats.reused_tokens``; ``BlendStats.hit_tokens`` also counts the recomputed ones): what
 OpenAI calls ``prompt_tokens_details.cached_tokens`` and LangChain ``input_token_details.cache_read``.
 """
 

@@ -31,7 +31,7 @@ class Assembled:
     input: BlendInput
     hits: int
     misses: int
-    cached_tokens: int
+    hit_tokens: int
     load_s: float
 
     def stats(self, recomputed: int, ratio: float) -> BlendStats:
@@ -41,7 +41,7 @@ class Assembled:
             prompt_tokens=n,
             reused_tokens=n - recomputed,
             recomputed_tokens=recomputed,
-            cached_tokens=self.cached_tokens,
+            hit_tokens=self.hit_tokens,
             chunk_hits=self.hits,
             chunk_misses=self.misses,
             recompute_ratio=ratio,

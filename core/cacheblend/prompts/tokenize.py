@@ -22,7 +22,7 @@ from typing import Any
 
 from .request import SENTINEL, has_chat_template, render_chat
 
-CHUNK_LEAD = "\n"  # chunks are tokenized as they are after a line break
+CHUNK_BREAK = "\n"  # chunks are tokenized as they are after a line break
 PINNED_DATE = datetime.datetime(2024, 7, 26)  # Llama 3's own default ``date_string``
 _DATE_FORMATS = ("%d %b %Y", "%d %B %Y", "%Y-%m-%d", "%B %d, %Y", "%b %d, %Y", "%m/%d/%Y", "%A, %B %d, %Y")
 
@@ -44,8 +44,8 @@ def encode_prompt(tokenizer: Any, text: str) -> Encoding:
 
 def encode_chunk(tokenizer: Any, text: str) -> Encoding:
     """A chunk's tokens as they appear after a line break; offsets relative to the chunk."""
-    enc = _encode(tokenizer, CHUNK_LEAD + text, add_special_tokens=False)
-    n = len(CHUNK_LEAD)
+    enc = _encode(tokenizer, CHUNK_BREAK + text, add_special_tokens=False)
+    n = len(CHUNK_BREAK)
     kept = [(i, (a - n, b - n)) for i, (a, b) in zip(enc.ids, enc.offsets) if a >= n]
     return Encoding([i for i, _ in kept], [o for _, o in kept])
 
@@ -57,7 +57,7 @@ def _encode(tokenizer: Any, text: str, add_special_tokens: bool) -> Encoding:
     return Encoding(list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]])
 
 
-def chat_lead(tokenizer: Any) -> str | None:
+def chat_header(tokenizer: Any) -> str | None:
     """What the chat template puts before the first user message (system header included), with
     any date in it pinned to ``PINNED_DATE``."""
     if not has_chat_template(tokenizer):
@@ -79,7 +79,7 @@ def _pin_dates(text: str, days: set[datetime.datetime]) -> str:
 def chunk_context_ids(tokenizer: Any, mode: str) -> list[int]:
     """The tokens every chunk is warmed behind (``BlendConfig.chunk_context``): the chat template's
     system header (``system``; a BOS for models without a template), the BOS (``bos``) or nothing."""
-    lead = chat_lead(tokenizer) if mode == "system" else None
+    lead = chat_header(tokenizer) if mode == "system" else None
     if lead:
         return encode_prompt(tokenizer, lead).ids
     bos = getattr(tokenizer, "bos_token_id", None)

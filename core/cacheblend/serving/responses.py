@@ -21,7 +21,7 @@ def usage(stats: BlendStats) -> dict:
             "chunk_hits": stats.chunk_hits,
             "chunk_misses": stats.chunk_misses,
             "recomputed_tokens": stats.recomputed_tokens,
-            "chunk_tokens": stats.cached_tokens,
+            "chunk_tokens": stats.hit_tokens,
             "recompute_ratio": stats.recompute_ratio,  # with "auto": the ratio chosen for this request
             "budget_signal": stats.budget_signal,  # ... and the signal that chose it (None otherwise)
         },
