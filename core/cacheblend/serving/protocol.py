@@ -128,9 +128,10 @@ def _common(body: dict, prompt: str, docs: list[dict], max_tokens: Any, param: s
     if seed is not None:
         seed = _number(seed, "seed", -(2**63), 2**63 - 1, integer=True)
     ratio = body.get("recompute_ratio")
-    if isinstance(ratio, str) and ratio != "auto":
-        raise bad(f"'recompute_ratio' must be a number in [0, 1] or \"auto\", got {ratio!r}", "recompute_ratio")
-    if ratio is not None and ratio != "auto":  # "auto": the adaptive budget (BlendConfig.with_ratio)
+    if isinstance(ratio, str):  # "auto": the adaptive budget (BlendConfig.with_ratio)
+        if ratio != "auto":
+            raise bad(f"'recompute_ratio' must be a number in [0, 1] or \"auto\", got {ratio!r}", "recompute_ratio")
+    elif ratio is not None:
         ratio = _number(ratio, "recompute_ratio", 0.0, 1.0)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):

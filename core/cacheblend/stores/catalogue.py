@@ -46,7 +46,7 @@ class Catalogue:
         return entries
 
     def append(self, entries: list[tuple[str, str]]) -> None:
-        lines = "".join(json.dumps({"key": k, "text": t}, ensure_ascii=False) + "\n" for k, t in entries)
+        lines = _lines(entries)
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # whole lines per writer, even across processes
@@ -68,6 +68,10 @@ class Catalogue:
         if self.lines() <= 2 * len(present) + SLACK:
             return False
         kept = {k: t for k, t in self.read() if k in present}
-        data = "".join(json.dumps({"key": k, "text": t}, ensure_ascii=False) + "\n" for k, t in kept.items())
-        write_atomic(self.path, data.encode("utf-8"), prefix=".catalogue-")
+        write_atomic(self.path, _lines(kept.items()).encode("utf-8"), prefix=".catalogue-")
         return True
+
+
+def _lines(entries) -> str:
+    """One JSON line per (key, text)."""
+    return "".join(json.dumps({"key": k, "text": t}, ensure_ascii=False) + "\n" for k, t in entries)
