@@ -122,8 +122,8 @@ def roundtrip(kv: torch.Tensor, codec: str) -> torch.Tensor:
 
     A fixed point of pack/unpack, so a tier that stores what another returned holds the same
     bits: one int4 pass is not always one (a group's decoded maximum rounds to the dense dtype,
-    and the scale re-derived from it can move by an ulp), a second pass has been in every case
-    measured (``tests/core/test_properties.py``), so up to four are taken."""
+    and the scale re-derived from it can move by an ulp; ``tests/core/test_properties.py`` pins
+    such a record), so passes repeat until the bits stop changing, at most four."""
     if codec == "plain":
         return kv
     held = unpack(*pack(kv, codec))
