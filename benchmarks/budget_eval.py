@@ -102,7 +102,7 @@ def stage1(engine, req: dict, first15) -> dict:
     from cacheblend.prompts.assemble import assemble, chunk_encodings
 
     request = engine.request(**req)
-    chunks = chunk_encodings(request.text, engine.encode_chunk)
+    chunks = chunk_encodings(request.text, engine.kv.encode)
     lookup = engine.kv.records  # the record lookup a prefill makes
     asm = assemble(request.text, request.encoding, chunks, list(lookup([c.ids for c in chunks])), engine.adapter.device)
     inp = asm.input

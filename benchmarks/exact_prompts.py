@@ -48,7 +48,7 @@ def _reused(engine, passages: list[str], prompt: str) -> float:
     if engine.is_chat_model:
         prompt = engine.render_chat([{"role": "user", "content": prompt}])
     pre = engine.prefill(prompt, recompute_ratio=0.15)
-    return pre.stats.hit_tokens / sum(len(engine.encode_chunk(p).ids) for p in passages)
+    return pre.stats.hit_tokens / sum(len(engine.kv.encode(p).ids) for p in passages)
 
 
 def segmentwise_ids(tokenizer, text) -> list[int]:

@@ -50,15 +50,15 @@ def contexts(mode: str, k: int, q, j: int, pool: list[str], primers: list[str]) 
 
 
 def warm_behind(engine, q, mode: str, k: int, pool: list[str], primers: list[str]) -> None:
-    engine.stores.memory = MemoryStore()
+    engine.kv.stores.memory = MemoryStore()
     for j, text in enumerate(q.passages):
         ctx = list(engine.kv.context_ids)
         for other in contexts(mode, k, q, j, pool, primers):
-            ctx += engine.encode_chunk(other).ids
-        ids = engine.encode_chunk(text).ids
-        (key,) = engine.chunk_keys([text])
+            ctx += engine.kv.encode(other).ids
+        ids = engine.kv.encode(text).ids
+        (key,) = engine.kv.keys([text])
         kv = forward_padded(engine.adapter, ctx, [ids])[0][..., : len(ids), :]  # [layers, 2, Hkv, T, d]
-        engine.stores.memory.put(ChunkRecord(key, kv.to("cpu", torch.float16).contiguous(), text))
+        engine.kv.stores.memory.put(ChunkRecord(key, kv.to("cpu", torch.float16).contiguous(), text))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,7 +55,7 @@ def measure(model: str, prompts: int, answer_tokens: int) -> dict:
         texts = {"transformers": plain_text, "full prefill": answer.text,
                  "blend": engine.generate_from(blend, max_new_tokens=answer_tokens).text,
                  "full reuse": engine.generate_from(reuse, max_new_tokens=answer_tokens).text}
-        chunk_tokens = sum(len(engine.encode_chunk(p).ids) for p in req["chunks"])
+        chunk_tokens = sum(len(engine.kv.encode(p).ids) for p in req["chunks"])
         rows.append({
             "question": q, "prompt_tokens": int(full.ids.shape[0]), "chunk_hits": blend.stats.chunk_hits,
             "max_abs_logit_diff": float((full.output.logits.float() - ref).abs().max()),

@@ -198,10 +198,10 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
             eng = views.get(name) or engines[cfg.neighbours]
             records = ladders.get(name) or eng.kv.records
             if isinstance(sel, OracleSelector):
-                sel.set_reference(full, Prefiller(eng.adapter, eng.encode_chunk, records, cfg.with_ratio(0.0)).run(
+                sel.set_reference(full, Prefiller(eng.adapter, eng.kv.encode, records, cfg.with_ratio(0.0)).run(
                     engine.request(**req)))
             asked = dict(req, chunks=REORDERS[name](q.passages)) if name in REORDERS else req
-            pre = Prefiller(eng.adapter, eng.encode_chunk, records, cfg, sel).run(engine.request(**asked))
+            pre = Prefiller(eng.adapter, eng.kv.encode, records, cfg, sel).run(engine.request(**asked))
             kl, top1, same = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
             text = ref.text if same else engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP).text
             share = pre.stats.recomputed_tokens / pre.stats.prompt_tokens
@@ -219,7 +219,7 @@ def _ladder_records(steps: tuple[int, ...], engines: dict):
 
     def lookup(chunks):
         picks = [engines[steps[min(i, len(steps) - 1)]] for i in range(len(chunks))]
-        return [e.stores.get(chunk_key(e.kv.fingerprint, c)) for e, c in zip(picks, chunks)]
+        return [e.kv.stores.get(chunk_key(e.kv.fingerprint, c)) for e, c in zip(picks, chunks)]
 
     return lookup
 
@@ -231,7 +231,7 @@ def _mix_records(alpha: float, warmed: BlendEngine):
     def lookup(chunks):
         records = []
         for i, ids in enumerate(chunks):
-            plain, lead = (warmed.stores.get(k) for k in warmed.kv.record_keys(ids))
+            plain, lead = (warmed.kv.stores.get(k) for k in warmed.kv.record_keys(ids))
             if i == 0:
                 records.append(lead)
                 continue

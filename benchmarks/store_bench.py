@@ -73,9 +73,9 @@ def load_times(engine: BlendEngine, disk: DiskStore, remote, passages: list[str]
     """Median seconds to read a prompt's chunk records the way its prefill does (``engine.kv.records``:
     the first chunk's lead record, the others' records warmed behind neighbours) with only one
     tier holding them."""
-    chain, out = engine.stores, {}
+    chain, out = engine.kv.stores, {}
     saved = chain.attached
-    chunks = [engine.encode_chunk(clean_chunk(t)).ids for t in passages]
+    chunks = [engine.kv.encode(clean_chunk(t)).ids for t in passages]
     keys = [k for ids in chunks for k in engine.kv.record_keys(ids) if k is not None]
     for tier in TIERS:
         times = []
@@ -100,8 +100,8 @@ def run_dtype(model, tokenizer, kv_dtype: str, examples, root: Path, url: str, r
     engine.attach_store(url)
     engine.warm(texts, store_dir=root, progress=False)
     disk = engine.attach_store(root)
-    remote = engine.stores.shared[0]
-    keys_all = engine.chunk_keys(texts)
+    remote = engine.kv.stores.shared[0]
+    keys_all = engine.kv.keys(texts)
     tokens = sum(engine.count_tokens(t) for t in texts)
     file_bytes = sum(disk.path(k).stat().st_size for k in keys_all)
     rows = {"ttft": [], "kl": [], **{t: [] for t in TIERS}}

@@ -70,7 +70,7 @@ def main() -> None:
 
     engine = shared_engine(args.model)
     pool = corpus(engine, args.dataset, small=args.quick)
-    sizes = [len(engine.encode_chunk(t).ids) for t in pool]
+    sizes = [len(engine.kv.encode(t).ids) for t in pool]
     per_token = kv_bytes_per_token(engine)
     trace = zipf_trace(len(pool), args.queries, args.zipf, np.random.default_rng(args.seed))
     budget = max(1, int(args.budget * sum(sizes)))  # in tokens: records are sized in tokens below
@@ -212,14 +212,14 @@ def ttft_leg(engine, pool, trace, replays, args) -> dict:
         times = []
         for j, n in enumerate(picks):
             allowed = states[name][j] if name != "none" else set()
-            keep = {tuple(engine.encode_chunk(pool[i]).ids) for i in allowed}
+            keep = {tuple(engine.kv.encode(pool[i]).ids) for i in allowed}
 
             def records(chunks, keep=keep):  # the engine's records, for the passages this state holds
                 got = engine.kv.records(chunks)
                 return [r if tuple(c) in keep else None for c, r in zip(chunks, got)]
 
             req = engine.request(chunks=[pool[i] for i in trace[n]], query="What do these passages say?")
-            times.append(Prefiller(engine.adapter, engine.encode_chunk, records, engine.config).run(req).stats.ttft_s)
+            times.append(Prefiller(engine.adapter, engine.kv.encode, records, engine.config).run(req).stats.ttft_s)
         out[name] = {"ttft_p50_s": statistics.median(times), "ttft_s": times}
         print(f"TTFT p50 with the {name} state's hits cached: {out[name]['ttft_p50_s']:.3f} s", flush=True)
     out["miss_vs_optimum_p50"] = out["miss"]["ttft_p50_s"] / out["optimum"]["ttft_p50_s"]
@@ -242,7 +242,7 @@ def background_leg(engine, pool, trace, args, BlendEngine) -> dict:
             for q in trace[: args.p99_queries]:
                 out_ = eng.generate(chunks=[pool[i] for i in q], query="What do these passages say?", max_new_tokens=8)
                 times.append(out_.stats.ttft_s)
-                missed = [pool[i] for i in q if sync and not eng.is_warm(pool[i])]
+                missed = [pool[i] for i in q if sync and not eng.kv.is_warm(pool[i])]
                 if missed:
                     eng.warm(missed, progress=False)  # untimed: the control's store keeps pace
                 time.sleep(args.think)

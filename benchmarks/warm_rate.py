@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     model, ctx = engine.adapter, engine.kv.context_ids
     lo = args.chunk_tokens * 3 // 4
     passages = [p for p in pydoc_passages(engine.count_tokens, args.chunk_tokens) if engine.count_tokens(p.text) >= lo]
-    chunks = [engine.encode_chunk(p.text).ids for p in passages[: args.chunks]]
+    chunks = [engine.kv.encode(p.text).ids for p in passages[: args.chunks]]
     tokens = sum(map(len, chunks))
 
     order = sorted(chunks, key=len)  # as warming orders them

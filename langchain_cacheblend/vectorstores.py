@@ -83,7 +83,7 @@ class CacheBlendFAISS(FAISS):
         many. An engine that warms chunks behind similar passages (``BlendConfig(neighbours=K)``)
         gets each document's nearest documents by this index's own vectors and distance."""
         texts = self._cap.split(self.engine, texts)
-        return warm_texts(texts, self.engine, store_dir=store_dir or self.kv_dir, neighbours=self.nearest_texts)
+        return warm_texts(texts, self.engine, store_dir=store_dir or self.kv_dir, nearest=self.nearest_texts)
 
     def nearest_texts(self, texts: list[str]) -> list[list[str] | None]:
         """For each text, the ``page_content`` of its ``engine.kv.neighbours`` nearest other
@@ -191,7 +191,7 @@ class CacheBlendFAISS(FAISS):
         if self._cap.limit is None:
             self.warm(texts, store_dir=kv_dir)
         else:  # capped: what is stored so far is copied (nothing computed); the rest stays warm-on-miss
-            warm_texts([t for t in warmable(texts) if self.engine.is_warm(t.strip())], self.engine, store_dir=kv_dir)
+            warm_texts([t for t in warmable(texts) if self.engine.kv.is_warm(t.strip())], self.engine, store_dir=kv_dir)
         write_json(kv_dir / f"{index_name}.json", {
             "format": MANIFEST_FORMAT,
             "model": self.engine.name,

@@ -32,18 +32,18 @@ def warm_texts(
     *,
     store_dir: str | Path | None = None,
     progress: bool | None = None,
-    neighbours: Callable[[list[str]], Sequence[Sequence[str] | None]] | None = None,
+    nearest: Callable[[list[str]], Sequence[Sequence[str] | None]] | None = None,
 ) -> int:
     """Warms ``texts``; returns how many were warmed. Idempotent: stored texts cost nothing.
 
     Blank and short texts are skipped, and so, with a warning, is a text longer than the model's
     context window (``cacheblend.integrations.warm_fitting``): one bad document never stops the rest
-    of its batch. ``store_dir`` also writes the KV to a disk store there. ``neighbours``: for an
+    of its batch. ``store_dir`` also writes the KV to a disk store there. ``nearest``: for an
     engine that warms chunks behind similar passages (``BlendConfig(neighbours=K)``), a function
     giving each text's nearest passages (default: the engine's own choice).
     """
     engine = resolve_engine(engine)
-    return len(integrations.warm_fitting(engine, texts, store_dir=store_dir, progress=progress, neighbours=neighbours))
+    return len(integrations.warm_fitting(engine, texts, store_dir=store_dir, progress=progress, nearest=nearest))
 
 
 def warm_documents(

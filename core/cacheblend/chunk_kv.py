@@ -13,7 +13,9 @@ The engine (``engine.py``) owns one and hands its ``records`` to the ``Prefiller
 
 from __future__ import annotations
 
+import functools
 import threading
+from array import array
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from .prompts.tokenize import Encoding, chunk_context_ids, encode_chunk
 from .stores import ChunkKey, ChunkRecord, KVTier, MemoryStore, RecordKeys, StoreChain, compact, model_fingerprint, open_tier
 from .warm_on_miss import BackgroundWarmer, IdleClock, MissQueue
 from .warming import Warmer, WarmSetup
+
+ENCODED_CHUNKS = 4096  # chunk texts whose tokens are remembered (``ChunkKV.encode``; ~12 kB each at 500 tokens)
 
 
 class ChunkKV:
@@ -48,10 +52,18 @@ class ChunkKV:
         self.warmer = Warmer(adapter, lambda text: self.encode(text).ids, self.record_keys, self.neighbour_index, setup, self.lock)
         self.tokens_warmed = 0  # tokens computed by warm() so far, contexts and neighbours included
         self.clock, self.misses, self._background = IdleClock(), None, None
+        self._encoded = functools.lru_cache(maxsize=ENCODED_CHUNKS)(self._encode)
 
     def encode(self, text: str) -> Encoding:
-        """A chunk's tokens as they are warmed and looked up (as after a line break)."""
-        return encode_chunk(self.tokenizer, text)
+        """A chunk's tokens as they are warmed and looked up (as after a line break). The last
+        ``ENCODED_CHUNKS`` texts are tokenized once: a chunk retrieved again is not tokenized again.
+        Each call returns its own lists, so a caller changing them changes no other's."""
+        ids, ends = self._encoded(text)
+        return Encoding(ids.tolist(), list(zip(ends[::2], ends[1::2])))
+
+    def _encode(self, text: str) -> tuple[array, array]:
+        enc = encode_chunk(self.tokenizer, text)
+        return array("q", enc.ids), array("q", [i for span in enc.offsets for i in span])
 
     def attach(self, location: str | Path, max_bytes: int | None = None) -> KVTier:
         """Attaches (once per location) the tier at ``location`` and learns its chunk texts."""
@@ -62,26 +74,30 @@ class ChunkKV:
             return tier
 
     def keys(self, texts: Iterable[str]) -> list[ChunkKey]:
+        """The store keys of ``texts`` (no compute): e.g. to see which a store already holds."""
         return [self.record_keys(self.encode(clean_chunk(t)).ids)[0] for t in texts]
 
     def is_warm(self, text: str) -> bool:
+        """Whether every record of ``text`` (its lead one too) is in memory or an attached store."""
         keys = [k for k in self.record_keys(self.encode(clean_chunk(text)).ids) if k is not None]
         with self.lock:
             return all(key in self.stores for key in keys)
 
     def expect(self, texts: Iterable[str]) -> None:
+        """Looks for ``texts`` in prompts from now on without computing their KV (each is a miss,
+        computed in its prompt, until warmed: with warm on miss, right after its first miss)."""
         with self.lock:
             self.finder.add(clean_chunk(t) for t in texts)
 
     def warm(
-        self, texts: Iterable[str], target: KVTier | None = None, neighbours: Sequence[Sequence[str]] | None = None,
+        self, texts: Iterable[str], target: KVTier | None = None, behind: Sequence[Sequence[str]] | None = None,
         batch_size: int = 8, progress: bool | None = None,
     ) -> list[ChunkKey]:
         """``Warmer.run`` over the validated ``texts`` into memory, ``target`` and every shared tier."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         chunks = self.warmer.prepare(texts)
-        given = self.warmer.given_neighbours(chunks, neighbours)
+        given = self.warmer.given_behind(chunks, behind)
         if self.neighbours:
             with self.lock:
                 self.warmer.learn(chunks, self.finder)

@@ -54,7 +54,7 @@ def _build(engine, index_dir: Path, texts: list[str], limit: int | None = None) 
     index, added, index_s = _index(index_dir, texts, limit)
     disk = engine.attach_store(index_dir / KV_DIR)
     warmed = index.texts[:limit]
-    todo = sum(key not in disk for key in engine.chunk_keys(warmed))
+    todo = sum(key not in disk for key in engine.kv.keys(warmed))
     t = time.perf_counter()
     engine.warm(warmed, store_dir=index_dir / KV_DIR, progress=todo > 0)
     warm_s = time.perf_counter() - t

@@ -28,9 +28,9 @@ from .models.loading import load_pretrained
 from .prefilling import Prefiller
 from .prompts.prepared import Request, RequestBuilder
 from .prompts.request import has_chat_template, render_chat
-from .prompts.tokenize import Encoding, encode_prompt
+from .prompts.tokenize import encode_prompt
 from .result import Generation
-from .stores import ChunkKey, KVTier, StoreChain
+from .stores import ChunkKey, KVTier
 
 
 class BlendEngine:
@@ -86,11 +86,6 @@ class BlendEngine:
         return self.prefiller.config
 
     @property
-    def stores(self) -> StoreChain:
-        """The tiers, memory first (to read a chain through another engine: ``engine.kv.stores = chain``)."""
-        return self.kv.stores
-
-    @property
     def context_window(self) -> int:
         return self.adapter.max_positions
 
@@ -101,10 +96,6 @@ class BlendEngine:
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` as a whole prompt (special tokens the tokenizer adds included)."""
         return len(encode_prompt(self.tokenizer, text).ids)
-
-    def encode_chunk(self, text: str) -> Encoding:
-        """A chunk's tokens as they are warmed and looked up (as after a line break)."""
-        return self.kv.encode(text)
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The model's chat template over role/content messages, ending with the assistant turn."""
@@ -118,19 +109,6 @@ class BlendEngine:
         folder's byte budget (``stores/policy.py`` evicts; a Redis server bounds itself)."""
         return self.kv.attach(store_dir, max_bytes)
 
-    def chunk_keys(self, texts: Iterable[str]) -> list[ChunkKey]:
-        """The store keys of ``texts`` (no compute): e.g. to see which a store already holds."""
-        return self.kv.keys(texts)
-
-    def is_warm(self, text: str) -> bool:
-        """Whether every record of ``text`` (its lead one too) is in memory or an attached store."""
-        return self.kv.is_warm(text)
-
-    def expect(self, texts: Iterable[str]) -> None:
-        """Looks for ``texts`` in prompts from now on without computing their KV (each is a miss,
-        computed in its prompt, until warmed: with warm on miss, right after its first miss)."""
-        self.kv.expect(texts)
-
     def warm(
         self,
         texts: Iterable[str],
@@ -138,17 +116,17 @@ class BlendEngine:
         store_dir: str | Path | None = None,
         batch_size: int = 8,
         progress: bool | None = None,
-        neighbours: Sequence[Sequence[str]] | None = None,
+        behind: Sequence[Sequence[str]] | None = None,
     ) -> list[ChunkKey]:
         """Computes and stores the KV of every text not stored yet; returns their keys in order.
 
         Idempotent: a chunk found in memory or any attached store costs nothing (it is copied into
         ``store_dir`` if that store lacks it); shared tiers are written through. Every text is
         validated before any compute. ``progress``: a progress bar (default: 16 chunks or more).
-        ``neighbours`` (with ``BlendConfig.neighbours`` > 0): for each text, the passages to compute
+        ``behind`` (with ``BlendConfig.neighbours`` > 0): for each text, the passages to compute
         it behind, most similar first; by default the most similar chunks the engine knows."""
         target = self.attach_store(store_dir) if store_dir is not None else None
-        return self.kv.warm(texts, target, neighbours, batch_size, progress)
+        return self.kv.warm(texts, target, behind, batch_size, progress)
 
     def warm_pending(self, timeout: float = 300.0) -> bool:
         """Waits until every chunk queued by warm on miss so far is warmed (e.g. before a short-lived

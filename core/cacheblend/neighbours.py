@@ -10,7 +10,7 @@ benchmarks/neighbour_eval.py). An unrelated primer of the same length does not h
 
 The engine picks neighbours itself with ``NeighbourIndex``: TF-IDF cosine over the chunks' token
 ids, among every chunk the engine knows (this warm call's and every stored one). A caller with a
-vector index can pass its own (``BlendEngine.warm(texts, neighbours=...)``, as
+vector index can pass its own (``BlendEngine.warm(texts, behind=...)``, as
 ``CacheBlendFAISS`` does with its embeddings).
 """
 

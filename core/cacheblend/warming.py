@@ -105,25 +105,25 @@ class Warmer:
             chunks.append(WarmChunk(text, ids, *self.keys(ids)))
         return chunks
 
-    def given_neighbours(
-        self, chunks: list[WarmChunk], neighbours: Sequence[Sequence[str] | None] | None
+    def given_behind(
+        self, chunks: list[WarmChunk], behind: Sequence[Sequence[str] | None] | None
     ) -> dict[str, list[str]]:
-        """Validates the caller's ``neighbours``: chunk text -> the passages it is computed behind
+        """Validates the caller's ``behind``: chunk text -> the passages it is computed behind
         (cleaned, blank ones dropped, at most ``setup.neighbours``). A None entry leaves the
         choice to the neighbour index."""
-        if neighbours is None:
+        if behind is None:
             return {}
         k = self.setup.neighbours
         if k == 0:
-            raise ValueError("neighbours were given, but this engine warms chunks alone (BlendConfig.neighbours=0)")
-        if isinstance(neighbours, str) or len(neighbours) != len(chunks):
-            raise ValueError(f"neighbours must hold one list of texts per text warmed ({len(chunks)}), got {neighbours!r:.80}")
+            raise ValueError("behind was given, but this engine warms chunks alone (BlendConfig.neighbours=0)")
+        if isinstance(behind, str) or len(behind) != len(chunks):
+            raise ValueError(f"behind must hold one list of texts per text warmed ({len(chunks)}), got {behind!r:.80}")
         out = {}
-        for chunk, near in zip(chunks, neighbours):
+        for chunk, near in zip(chunks, behind):
             if near is None:
                 continue
             if isinstance(near, str) or not all(isinstance(t, str) for t in near):
-                raise ValueError(f"each entry of neighbours must be a list of texts, got {near!r:.80}")
+                raise ValueError(f"each entry of behind must be a list of texts, got {near!r:.80}")
             texts = (t.strip() for t in near)
             out[chunk.text] = [t for t in texts if t and t != chunk.text][:k]
         return out

@@ -36,7 +36,7 @@ def test_bad_warm_input_stores_nothing(make_engine):
         engine.warm([CHUNK, ""])
     with pytest.raises(ValueError, match="must be a string"):
         engine.warm([CHUNK, None])
-    assert len(engine.stores.memory) == 0 and len(engine.kv.finder) == 0
+    assert len(engine.kv.stores.memory) == 0 and len(engine.kv.finder) == 0
 
 
 def test_chunk_longer_than_the_context_window(make_engine):

@@ -79,7 +79,7 @@ def test_int8_store_is_read_back_bitwise_by_a_new_engine(make_engine, tmp_path):
     }
     assert sizes["int8"] < 0.56 * sizes["fp16"]  # head_dim 16 here; ~0.51x at head_dim 64 (benchmark)
     disk = DiskStore(tmp_path / "int8", reader.kv.fingerprint)
-    assert all(integrity.probe(disk.path(k), reader.kv.fingerprint, k)["codec"] == "int8" for k in reader.chunk_keys(texts))
+    assert all(integrity.probe(disk.path(k), reader.kv.fingerprint, k)["codec"] == "int8" for k in reader.kv.keys(texts))
 
 
 # KL that int8 KV may add over fp16 KV to a 15% blend's KL to full prefill. Measured on this test's

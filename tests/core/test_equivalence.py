@@ -38,7 +38,7 @@ def assert_kv_close(ours, reference, tol):
 
 def assembled(engine, text: PromptText):
     encoding = encode_prompt(engine.tokenizer, text.text)
-    chunks = chunk_encodings(text, engine.encode_chunk)
+    chunks = chunk_encodings(text, engine.kv.encode)
     return assemble(text, encoding, chunks, engine.kv.records([c.ids for c in chunks]), engine.adapter.device)
 
 
@@ -151,7 +151,7 @@ def test_any_subset_of_chunks_may_hit(make_engine):
     engine.warm([CHUNKS[1]])
     pre = engine.prefill(chunks=CHUNKS, query=QUESTION, recompute_ratio=0.0)
     assert (pre.stats.chunk_hits, pre.stats.chunk_misses) == (1, 2)
-    assert pre.stats.reused_tokens == len(engine.encode_chunk(CHUNKS[1]).ids)
+    assert pre.stats.reused_tokens == len(engine.kv.encode(CHUNKS[1]).ids)
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
@@ -177,7 +177,7 @@ def test_warming_in_equal_length_sub_batches_matches_one_padded_batch(make_engin
     from cacheblend.blending.warm_forward import forward_padded, forward_grouped
 
     engine = make_engine(family)
-    chunks = [engine.encode_chunk(c).ids for c in CHUNKS]
+    chunks = [engine.kv.encode(c).ids for c in CHUNKS]
     chunks.append(list(chunks[0][: len(chunks[1])]))  # two chunks of the same length share a sub-batch
     ours = forward_grouped(engine.adapter, engine.kv.context_ids, chunks)
     masked = forward_padded(engine.adapter, engine.kv.context_ids, chunks)
@@ -209,3 +209,26 @@ def test_selectors_compare_fresh_kv_with_the_cached_kv(make_engine, kv_dtype):
     torch.testing.assert_close(cand.cached_k, stored[1, 0][:, cand.positions].to(cand.cached_k.dtype))
     assert (cand.fresh_v - cand.cached_v).abs().amax() > 1e-3
     assert torch.equal(asm.input.cached, stored)
+
+
+def test_a_chunk_is_tokenized_once_and_each_caller_gets_its_own_lists(make_engine):
+    """``ChunkKV.encode`` remembers a chunk's tokens: the tokenizer runs once per text, the
+    remembered encoding equals the tokenizer's own, and a caller changing its lists changes
+    no later call's (nor the records a prompt reads)."""
+    import functools
+
+    from cacheblend.prompts.tokenize import encode_chunk
+
+    engine = make_engine("llama")
+    calls = []
+    real = engine.kv._encode
+    engine.kv._encoded = functools.lru_cache(maxsize=8)(lambda t: calls.append(t) or real(t))
+    first = engine.kv.encode(CHUNKS[0])
+    assert first == encode_chunk(engine.tokenizer, CHUNKS[0]) and calls == [CHUNKS[0]]
+    first.ids.append(-1)
+    first.offsets.clear()
+    again = engine.kv.encode(CHUNKS[0])
+    assert again == encode_chunk(engine.tokenizer, CHUNKS[0]) and calls == [CHUNKS[0]]
+    engine.warm(CHUNKS[:1])
+    asm = assembled(engine, engine.request(chunks=CHUNKS[:1], query=QUESTION).text)
+    assert asm.hits == 1 and calls == [CHUNKS[0]]

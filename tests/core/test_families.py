@@ -106,7 +106,7 @@ def test_blend_reuses_chunk_kv_inside_the_one_tokenization(engine, family):
 
 def _tokens_not_reused(engine, pre) -> int:
     """Warmed chunk tokens whose cached KV the prefill ``pre`` did not use."""
-    return sum(len(engine.encode_chunk(p).ids) for p in PASSAGES) - pre.stats.hit_tokens
+    return sum(len(engine.kv.encode(p).ids) for p in PASSAGES) - pre.stats.hit_tokens
 
 
 def _expected_not_reused(engine) -> int:

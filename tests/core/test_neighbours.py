@@ -23,7 +23,7 @@ BEES = [
 
 
 def _ids(engine, texts):
-    return [engine.encode_chunk(t).ids for t in texts]
+    return [engine.kv.encode(t).ids for t in texts]
 
 
 def test_index_finds_passages_on_the_same_topic_most_similar_first(tokenizer):
@@ -59,7 +59,7 @@ def test_config_rejects_a_bad_neighbour_count(bad):
 def test_neighbours_are_part_of_the_fingerprint_and_alone_keeps_the_old_one(make_engine):
     alone, behind2 = make_engine("llama"), make_engine("llama", neighbours=2)
     assert alone.kv.fingerprint != behind2.kv.fingerprint
-    assert alone.chunk_keys(SHIPS) != behind2.chunk_keys(SHIPS)
+    assert alone.kv.keys(SHIPS) != behind2.kv.keys(SHIPS)
     legacy = model_fingerprint(alone.adapter.model, alone.tokenizer, kv_dtype="float32", context_ids=alone.kv.context_ids)
     assert alone.kv.fingerprint == legacy  # stores warmed before neighbours existed stay valid
 
@@ -80,7 +80,7 @@ def _assert_record_is(engine, text: str, context: list[int], variant: str = ""):
     """The stored record of ``text`` (its ``variant``) is the model's KV of it behind ``context``
     (K rotated to its positions there: records keep K before RoPE)."""
     (chunk,) = _ids(engine, [text])
-    record = engine.stores.get(chunk_key(engine.kv.fingerprint, chunk, variant))
+    record = engine.kv.stores.get(chunk_key(engine.kv.fingerprint, chunk, variant))
     assert record is not None, f"no {variant or 'plain'} record of {text[:30]!r}"
     pos = torch.arange(len(context), len(context) + len(chunk))
     cos, sin = engine.adapter.rope(pos)
@@ -102,9 +102,9 @@ def test_a_chunk_is_stored_as_computed_behind_its_two_nearest_passages(make_engi
     # alone, the same chunk's KV differs: the neighbours changed what it attended to
     alone = make_engine("llama")
     alone.warm(SHIPS[:1])
-    (key,) = alone.chunk_keys(SHIPS[:1])
-    (key2,) = engine.chunk_keys(SHIPS[:1])
-    assert (alone.stores.get(key).kv - engine.stores.get(key2).kv).abs().amax() > 1e-3
+    (key,) = alone.kv.keys(SHIPS[:1])
+    (key2,) = engine.kv.keys(SHIPS[:1])
+    assert (alone.kv.stores.get(key).kv - engine.kv.stores.get(key2).kv).abs().amax() > 1e-3
 
 
 def test_a_chunk_warmed_later_finds_neighbours_among_the_chunks_already_warmed(make_engine):
@@ -118,11 +118,11 @@ def test_a_chunk_warmed_later_finds_neighbours_among_the_chunks_already_warmed(m
 
 def test_explicit_neighbours_are_used_as_given(make_engine):
     engine = make_engine("llama", neighbours=2)
-    engine.warm([SHIPS[0]], neighbours=[[BEES[0], BEES[1]]])
+    engine.warm([SHIPS[0]], behind=[[BEES[0], BEES[1]]])
     _assert_record_is(engine, SHIPS[0], [*engine.kv.context_ids, *_ids(engine, [BEES[1]])[0], *_ids(engine, [BEES[0]])[0]])
-    before = engine.stores.get(engine.chunk_keys(SHIPS[:1])[0]).kv.clone()
-    engine.warm([SHIPS[0]], neighbours=[[SHIPS[1]]])  # stored already: nothing is recomputed
-    assert torch.equal(engine.stores.get(engine.chunk_keys(SHIPS[:1])[0]).kv, before)
+    before = engine.kv.stores.get(engine.kv.keys(SHIPS[:1])[0]).kv.clone()
+    engine.warm([SHIPS[0]], behind=[[SHIPS[1]]])  # stored already: nothing is recomputed
+    assert torch.equal(engine.kv.stores.get(engine.kv.keys(SHIPS[:1])[0]).kv, before)
 
 
 def test_every_chunk_also_keeps_its_kv_warmed_alone_mostly_for_free(make_engine):
@@ -157,24 +157,24 @@ def test_the_first_chunk_of_a_prompt_reads_its_lead_record(make_engine, tmp_path
     fp = engine.kv.fingerprint
     assert [r.key for r in engine.kv.records(ids)] == [chunk_key(fp, i) for i in ids]  # no lead record yet
     assert engine.prefill(chunks=[BEES[0], SHIPS[2]], query="Which ship?").stats.chunk_hits == 2
-    assert not engine.is_warm(BEES[0])
+    assert not engine.kv.is_warm(BEES[0])
     engine.warm(SHIPS + BEES)
     ctx = len(engine.kv.context_ids)
     assert engine.kv.tokens_warmed == sum(ctx + len(i) for i in _ids(engine, SHIPS + BEES))  # the lead records only
-    assert engine.is_warm(BEES[0])
+    assert engine.kv.is_warm(BEES[0])
     assert [r.key for r in engine.kv.records(ids)] == [chunk_key(fp, ids[0], LEAD), chunk_key(fp, ids[1]), chunk_key(fp, ids[2])]
 
 
 def test_bad_explicit_neighbours_are_refused_before_any_compute(make_engine):
     alone = make_engine("llama")
     with pytest.raises(ValueError, match="warms chunks alone"):
-        alone.warm(SHIPS[:1], neighbours=[[SHIPS[1]]])
+        alone.warm(SHIPS[:1], behind=[[SHIPS[1]]])
     engine = make_engine("llama", neighbours=2)
     with pytest.raises(ValueError, match="one list of texts per text"):
-        engine.warm(SHIPS[:2], neighbours=[[SHIPS[2]]])
+        engine.warm(SHIPS[:2], behind=[[SHIPS[2]]])
     with pytest.raises(ValueError, match="list of texts"):
-        engine.warm(SHIPS[:1], neighbours=[SHIPS[2]])
-    assert not any(engine.is_warm(t) for t in SHIPS)
+        engine.warm(SHIPS[:1], behind=[SHIPS[2]])
+    assert not any(engine.kv.is_warm(t) for t in SHIPS)
 
 
 def test_a_chunk_warmed_behind_neighbours_is_reused_wherever_it_lands(make_engine):

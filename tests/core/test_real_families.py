@@ -74,7 +74,7 @@ def test_full_prefill_equals_transformers_forward(engine, full_prefills):
 
 def test_every_warmed_chunk_hits(engine):
     pre = engine.prefill(**_request(ORDERS[1], QUESTIONS[1]))
-    chunk_tokens = sum(len(engine.encode_chunk(passage(i)).ids) for i in GROUP)
+    chunk_tokens = sum(len(engine.kv.encode(passage(i)).ids) for i in GROUP)
     assert pre.stats.chunk_hits == 6 and pre.stats.chunk_misses == 0
     assert pre.stats.hit_tokens >= chunk_tokens - 6  # at most one edge token per chunk recomputed
     assert pre.stats.recomputed_tokens < pre.stats.prompt_tokens  # a blend, not a full prefill

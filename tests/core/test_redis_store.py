@@ -128,13 +128,13 @@ def test_a_second_process_answers_from_the_shared_server_without_warming(fresh, 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         engine.attach_store(fresh.url)  # learns the chunk texts from the server
-        assert len(engine.stores.memory) == 0
+        assert len(engine.kv.stores.memory) == 0
         pre = engine.prefill(prompt_of(engine, TEXTS), recompute_ratio=0.15)
     assert pre.stats.chunk_hits == len(TEXTS) and pre.stats.chunk_misses == 0
     local = make_engine()
     local.warm(TEXTS)  # the same chunks computed here: the shared KV is bitwise the same
-    for key in engine.chunk_keys(TEXTS):
-        assert torch.equal(engine.stores.memory.get(key).kv, local.stores.memory.get(key).kv)
+    for key in engine.kv.keys(TEXTS):
+        assert torch.equal(engine.kv.stores.memory.get(key).kv, local.kv.stores.memory.get(key).kv)
     here = local.prefill(prompt_of(local, TEXTS), recompute_ratio=0.15)
     assert torch.equal(pre.output.logits, here.output.logits)
 
@@ -146,7 +146,7 @@ def _prefill_stream(engine, prompt, killed: threading.Event, results: list, erro
         while sum(began_after for began_after, _ in results) < after and len(results) < 1000:
             began_after = killed.is_set()
             pre = engine.prefill(prompt, recompute_ratio=0.0)
-            engine.stores.shared[0].put_many([record(f"{len(results):064x}")])  # a write mid-stream too
+            engine.kv.stores.shared[0].put_many([record(f"{len(results):064x}")])  # a write mid-stream too
             results.append((began_after, pre))
     except BaseException as exc:  # noqa: BLE001 - the main thread asserts there was none
         errors.append(exc)

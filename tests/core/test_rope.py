@@ -38,9 +38,9 @@ def test_realigned_keys_equal_keys_at_target_positions(make_engine, rope, offset
     engine = make_engine("llama", rope=ROPES[rope])
     assert engine.adapter.config.rope_parameters["rope_type"] == rope
     (key,) = engine.warm([TEXT])
-    stored = engine.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
+    stored = engine.kv.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
     lead, n = len(engine.kv.context_ids), stored.shape[3]
-    ids = torch.tensor([engine.kv.context_ids + engine.encode_chunk(TEXT).ids])
+    ids = torch.tensor([engine.kv.context_ids + engine.kv.encode(TEXT).ids])
     pos = torch.arange(ids.shape[1])[None] + offset
     out = engine.adapter.model(input_ids=ids, position_ids=pos, use_cache=True)
     cos, sin = engine.adapter.rope(pos[0, lead:])
@@ -49,7 +49,7 @@ def test_realigned_keys_equal_keys_at_target_positions(make_engine, rope, offset
         realigned = apply_rope(stored[layer, 0], cos, sin)
         torch.testing.assert_close(realigned, model_keys, atol=2e-5, rtol=1e-4, msg=f"layer {layer}")
         torch.testing.assert_close(stored[layer, 1], cache_layer.values[0, :, lead:], atol=2e-5, rtol=1e-4)
-    assert n == len(engine.encode_chunk(TEXT).ids)
+    assert n == len(engine.kv.encode(TEXT).ids)
 
 
 @pytest.mark.parametrize("offset", [0, 301])
@@ -67,9 +67,9 @@ def test_gemma3_keys_realign_with_their_own_layer_types_geometry(tokenizer, offs
     kinds = engine.adapter.rope_kinds
     assert sorted(set(kinds)) == [0, 1] and kinds.count(kinds[-1]) == 1  # 5 sliding layers, 1 full
     (key,) = engine.warm([TEXT])
-    stored = engine.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
+    stored = engine.kv.stores.get(key).kv  # [layers, 2, kv_heads, T, d], K before RoPE
     lead = len(engine.kv.context_ids)
-    ids = torch.tensor([engine.kv.context_ids + engine.encode_chunk(TEXT).ids])
+    ids = torch.tensor([engine.kv.context_ids + engine.kv.encode(TEXT).ids])
     pos = torch.arange(ids.shape[1])[None] + offset
     out = engine.adapter.model(input_ids=ids, position_ids=pos, cache=DynamicCache(), use_cache=True)  # full layers
     tables = RopeTables.at(engine.adapter, pos[0, lead:])

@@ -177,4 +177,4 @@ def test_store_of_another_model_warns_on_attach_and_misses(make_engine, tmp_path
         reader.attach_store(tmp_path)
     assert DiskStore.fingerprints(tmp_path) == [writer.kv.fingerprint[:16]]
     pre = reader.prefill(chunks=[text], query="q", recompute_ratio=0.0)
-    assert pre.stats.chunk_hits == 0 and not reader.is_warm(text) and writer.is_warm(text)
+    assert pre.stats.chunk_hits == 0 and not reader.kv.is_warm(text) and writer.kv.is_warm(text)

@@ -75,7 +75,7 @@ def test_corrupt_record_is_recomputed_then_rewritten_by_the_next_warm(make_engin
     make_engine().warm(texts, store_dir=tmp_path)
     engine = make_engine()
     disk = engine.attach_store(tmp_path)
-    key = engine.chunk_keys(texts[:1])[0]
+    key = engine.kv.keys(texts[:1])[0]
     path = disk.path(key)
     path.write_bytes(damage(path.read_bytes(), "inf", engine.kv.fingerprint, key))
     with pytest.warns(StoreWarning) as caught:
@@ -86,7 +86,7 @@ def test_corrupt_record_is_recomputed_then_rewritten_by_the_next_warm(make_engin
     fresh.warm(texts, store_dir=tmp_path)  # rewrites the quarantined record
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert torch.equal(DiskStore(tmp_path, engine.kv.fingerprint).get(key).kv, fresh.stores.get(key).kv)
+        assert torch.equal(DiskStore(tmp_path, engine.kv.fingerprint).get(key).kv, fresh.kv.stores.get(key).kv)
 
 
 def test_temp_files_of_dead_writers_are_removed_at_open(tmp_path):
@@ -193,7 +193,7 @@ def _kill_one_writer(proc, disk, engine, round_: int, rng) -> str:
     lines = [proc.stdout.readline() for _ in range(1 if point == "anywhere" else 2)]  # pid and "paused", any order
     pid = int(next(line for line in lines if line.strip().isdigit()))
     if point == "anywhere":
-        paths, deadline = [disk.path(k) for k in engine.chunk_keys(texts)], time.monotonic() + 60
+        paths, deadline = [disk.path(k) for k in engine.kv.keys(texts)], time.monotonic() + 60
         while sum(p.exists() for p in paths) < after and time.monotonic() < deadline:
             time.sleep(0.0005)
         time.sleep(rng.uniform(0, 0.01))
@@ -204,7 +204,7 @@ def _kill_one_writer(proc, disk, engine, round_: int, rng) -> str:
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"round {round_} ended with {status}"
     if point in ("write", "rename"):  # its temp file is there (until the next writer opens the store)
         (temp,) = (disk.dir / "tmp").glob(f"*-{pid}-*.part")
-        whole = [k for k in engine.chunk_keys(texts) if _decodes(temp.read_bytes(), engine.kv.fingerprint, k)]
+        whole = [k for k in engine.kv.keys(texts) if _decodes(temp.read_bytes(), engine.kv.fingerprint, k)]
         assert len(whole) == (point == "rename")  # half a record, or a whole one not renamed...
         assert not any(disk.path(k).exists() for k in whole)  # ...that no reader can see
     return point
@@ -243,7 +243,7 @@ def test_kill_9_while_warming_leaves_only_true_records(make_engine, bundled_dir,
     stored = disk._record_keys()
     everything = [t for r in range(ROUNDS) for t in _round_texts(r)]
     assert 0 < len(stored) < len(everything) / 2, "each round must be killed part-way through"
-    by_key = dict(zip(engine.chunk_keys(everything), everything))
+    by_key = dict(zip(engine.kv.keys(everything), everything))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the writers ran: another thread count sums in another order
     try:
@@ -256,6 +256,6 @@ def test_kill_9_while_warming_leaves_only_true_records(make_engine, bundled_dir,
             # The writers batched other texts together (other padding widths, other kernel blocking),
             # so the values agree to fp32 round-off, not bit for bit; a torn record (half its bytes,
             # another record's bytes) would be off by whole units or fail its checksum.
-            torch.testing.assert_close(disk.get(key).kv, engine.stores.memory.get(key).kv, atol=1e-5, rtol=1e-5,
+            torch.testing.assert_close(disk.get(key).kv, engine.kv.stores.memory.get(key).kv, atol=1e-5, rtol=1e-5,
                                        msg=lambda m: f"{key}: {m}")
         assert {disk.get(k).text for k in stored} <= set(disk.texts())

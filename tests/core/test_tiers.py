@@ -71,7 +71,7 @@ def test_a_new_tier_is_one_module_and_one_scheme_line(make_engine, dict_scheme):
     first = make_engine("llama")
     first.warm(TEXTS, store_dir="dict://kv")
     shared = dict_scheme["dict://kv"]
-    assert set(shared.records) == set(first.chunk_keys(TEXTS))
+    assert set(shared.records) == set(first.kv.keys(TEXTS))
     second = make_engine("llama")
     assert first.kv.fingerprint == second.kv.fingerprint
     second.attach_store("dict://kv")  # learns the texts, so a raw prompt finds the chunks
@@ -85,16 +85,16 @@ def test_a_new_tier_is_one_module_and_one_scheme_line(make_engine, dict_scheme):
 
 def test_warm_report_counts_what_was_computed_and_copied(make_engine, tmp_path, dict_scheme):
     engine = make_engine("llama")
-    first = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.stores)  # memory only
+    first = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.kv.stores)  # memory only
     assert first.computed == len(TEXTS) and first.copied == 0 and first.tokens > 0
-    again = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.stores)
+    again = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.kv.stores)
     assert (again.computed, again.copied, again.tokens) == (0, 0, 0)  # idempotent: nothing to do
     disk = engine.attach_store(tmp_path)
-    copy = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.stores, disk)
+    copy = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.kv.stores, disk)
     assert (copy.computed, copy.copied, copy.tokens) == (0, len(TEXTS), 0)  # copied from memory, not computed
     assert all(k in disk for k in copy.keys)
     shared = engine.attach_store("dict://late")  # attached after warming: the next warm copies into it
-    late = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.stores)
+    late = engine.kv.warmer.run(engine.kv.warmer.prepare(TEXTS), engine.kv.stores)
     assert (late.computed, late.copied) == (0, len(TEXTS)) and set(shared.records) == set(late.keys)
 
 
@@ -102,7 +102,7 @@ def test_a_local_tier_is_read_before_a_shared_one_whatever_the_attach_order(make
     engine = make_engine("llama")
     engine.warm(TEXTS, store_dir="dict://kv")
     engine.warm(TEXTS, store_dir=tmp_path)
-    assert [t.shared for t in engine.stores.attached] == [False, True]
+    assert [t.shared for t in engine.kv.stores.attached] == [False, True]
     reader = make_engine("llama")
     reader.attach_store("dict://kv")
     reader.attach_store(tmp_path)

@@ -35,14 +35,14 @@ def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_w
         assert first.missed == PASSAGES
         assert torch.equal(first.output.logits, same.output.logits)  # warm on miss changes no answer
         assert eager.warm_pending(60)
-        assert all(eager.is_warm(p) for p in PASSAGES) and eager.kv.misses.warmed == 3
+        assert all(eager.kv.is_warm(p) for p in PASSAGES) and eager.kv.misses.warmed == 3
         plain.warm(PASSAGES)  # what index-time warming stores, for comparison
         for text in PASSAGES:  # the same neighbours: the missed prompt's passages were known before any warmed
-            key, lead = plain.kv.record_keys(plain.encode_chunk(text).ids)
-            assert torch.equal(eager.stores.get(key).kv, plain.stores.get(key).kv), text[:20]
+            key, lead = plain.kv.record_keys(plain.kv.encode(text).ids)
+            assert torch.equal(eager.kv.stores.get(key).kv, plain.kv.stores.get(key).kv), text[:20]
             # a batch warm takes a first neighbour's lead record from its neighbour's forward (a longer
             # sequence: float rounding differs), one chunk at a time computes it alone
-            torch.testing.assert_close(eager.stores.get(lead).kv, plain.stores.get(lead).kv, atol=1e-5, rtol=0)
+            torch.testing.assert_close(eager.kv.stores.get(lead).kv, plain.kv.stores.get(lead).kv, atol=1e-5, rtol=0)
         again = eager.prefill(chunks=PASSAGES[::-1], query=QUESTION)
         assert again.stats.chunk_hits == 3 and again.missed == [] and again.stats.hit_tokens > 0
         assert eager.kv.misses.offered == 3  # hits offer nothing
@@ -53,8 +53,8 @@ def test_a_miss_is_answered_as_without_warm_on_miss_then_warmed_to_the_records_w
 def test_expected_texts_are_found_in_raw_prompts_and_warmed_after_their_first_miss(tokenizer):
     eager, _ = _engines(tokenizer)
     try:
-        eager.expect(PASSAGES[:2])
-        assert not eager.is_warm(PASSAGES[0])  # expect computes nothing
+        eager.kv.expect(PASSAGES[:2])
+        assert not eager.kv.is_warm(PASSAGES[0])  # expect computes nothing
         prompt = f"Context:\n{PASSAGES[1]}\n\n{PASSAGES[0]}\n\nQuestion: {QUESTION}"
         first = eager.generate(prompt, max_new_tokens=4)
         assert first.stats.chunk_misses == 2 and first.stats.chunk_hits == 0
@@ -157,8 +157,8 @@ def test_a_warm_gives_way_between_layers_and_a_prefill_never_waits_for_its_compu
         assert eager.warm_pending(60) and eager.kv.misses.warmed >= 1
         assert done_layers[:layers] == list(range(layers))  # resumed at layer 2, not restarted
         plain.warm(PASSAGES[:1])
-        key = plain.chunk_keys(PASSAGES[:1])[0]
-        assert torch.equal(eager.stores.get(key).kv, plain.stores.get(key).kv)
+        key = plain.kv.keys(PASSAGES[:1])[0]
+        assert torch.equal(eager.kv.stores.get(key).kv, plain.kv.stores.get(key).kv)
     finally:
         adapter.qkv = real_qkv
         eager.close()
@@ -209,10 +209,10 @@ def test_the_server_ends_a_warm_when_a_request_arrives_and_warms_the_chunk_again
         deadline = time.monotonic() + 30
         while scheduler.misses.warmed < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert scheduler.misses.warmed == 1 and engine.is_warm(PASSAGES[0])
+        assert scheduler.misses.warmed == 1 and engine.kv.is_warm(PASSAGES[0])
         plain.warm(PASSAGES[:1])
-        key = plain.chunk_keys(PASSAGES[:1])[0]
-        assert torch.equal(engine.stores.get(key).kv, plain.stores.get(key).kv)
+        key = plain.kv.keys(PASSAGES[:1])[0]
+        assert torch.equal(engine.kv.stores.get(key).kv, plain.kv.stores.get(key).kv)
     finally:
         scheduler.stop()
         adapter.qkv = real_qkv

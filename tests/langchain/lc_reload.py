@@ -23,7 +23,7 @@ def main(folder: str, question: str, max_tokens: int) -> None:
         store = CacheBlendFAISS.load_local(
             folder, SentenceTransformerEmbeddings(), allow_dangerous_deserialization=True
         )
-    held_after_load = len(store.engine.stores.memory)
+    held_after_load = len(store.engine.kv.stores.memory)
     chain = rag_chain(store.as_retriever(search_kwargs={"k": 4}), ChatCacheBlend(max_tokens=max_tokens))
     message = chain.invoke(question)
     print(json.dumps({

@@ -82,7 +82,7 @@ def blend_engine(fresh_real_engine, rag_store, retriever):
     nearest document by this index's vectors (what ``CacheBlendFAISS.warm`` computes), whatever
     other tests warmed in the shared engine before."""
     engine = fresh_real_engine()
-    warm_texts([d.page_content for d in retriever.invoke(QUESTION)], engine, neighbours=rag_store.nearest_texts)
+    warm_texts([d.page_content for d in retriever.invoke(QUESTION)], engine, nearest=rag_store.nearest_texts)
     return engine
 
 

@@ -7,7 +7,7 @@ suite's ``Document`` is patched for the test to one that pads ``page_content``, 
 pad what they embed, so the suite's own expected documents, queries and rankings are padded alike
 and every comparison stays exact (ids and metadata untouched). Each test gets a fresh engine on
 the bundled model, and afterwards every text the store accepted must have its KV records in it
-(``engine.is_warm``: both records, as warmed behind a neighbour and alone).
+(``engine.kv.is_warm``: both records, as warmed behind a neighbour and alone).
 
 langchain_community's FAISS itself fails six of the suite's tests (no upsert: re-adding an
 existing id raises; deleting a missing id raises). CacheBlendFAISS keeps FAISS's behaviour so
@@ -137,9 +137,9 @@ class TestCacheBlendFAISSStandard(_Padded, _FaissGaps, VectorStoreIntegrationTes
         # every text the suite added (and the store accepted) was warmed: its records are in the engine
         assert {d.page_content for d in store.documents()} <= set(store.accepted)  # no add went unseen
         assert all(len(t.strip()) >= MIN_CHARS and t.endswith(PAD) for t in store.accepted)
-        cold = [t for t in store.accepted if not engine.is_warm(t)]
+        cold = [t for t in store.accepted if not engine.kv.is_warm(t)]
         assert not cold, f"added but not warmed: {cold}"
-        assert len(engine.stores.memory) == RECORDS_PER_CHUNK * len(set(store.accepted))  # and nothing else
+        assert len(engine.kv.stores.memory) == RECORDS_PER_CHUNK * len(set(store.accepted))  # and nothing else
 
 
 class TestPlainFAISSBaseline(_Padded, _FaissGaps, VectorStoreIntegrationTests):

@@ -187,7 +187,7 @@ def test_torn_kv_file_is_recomputed_with_a_warning(tmp_path, embeddings, tiny_mo
     texts = fresh_texts(2, "torn-file")
     writer = BlendEngine.from_pretrained(tiny_model_dir)
     CacheBlendFAISS.from_texts(texts, embeddings, engine=writer).save_local(tmp_path)
-    ids = writer.encode_chunk(texts[0]).ids
+    ids = writer.kv.encode(texts[0]).ids
     keys = [chunk_key(writer.kv.fingerprint, ids, LEAD), chunk_key(writer.kv.fingerprint, ids)]  # what it reads first
     victims = sorted((p for p in kv_files(tmp_path) if p.stem in keys), key=lambda p: keys.index(p.stem))
     assert len(victims) == RECORDS_PER_CHUNK
@@ -231,11 +231,11 @@ def test_an_engine_warming_behind_neighbours_gets_them_from_the_faiss_index(engi
     near[NEIGHBOURLY[-1]] = retrieved(store, NEIGHBOURLY[-1])
     assert nearest(NEIGHBOURLY[-1:]) == [near[NEIGHBOURLY[-1]]]
     for text in NEIGHBOURLY:
-        ids = nb.encode_chunk(text).ids
-        placed = behind([nb.encode_chunk(t).ids for t in near[text]], len(nb.kv.context_ids) + len(ids), nb.context_window)
+        ids = nb.kv.encode(text).ids
+        placed = behind([nb.kv.encode(t).ids for t in near[text]], len(nb.kv.context_ids) + len(ids), nb.context_window)
         context = [*nb.kv.context_ids, *(t for n in placed for t in n)]
         expected = forward_padded(nb.adapter, context, [ids])[0].to(torch.float16)
-        stored = nb.stores.get(nb.chunk_keys([text])[0]).kv
+        stored = nb.kv.stores.get(nb.kv.keys([text])[0]).kv
         torch.testing.assert_close(stored, expected, atol=1e-3, rtol=1e-3)
     assert store.nearest_texts(["a text the index does not hold, long enough to be warmed"]) == [None]
     assert lookup(nb, NEIGHBOURLY[:2]) == (2, 0)

@@ -15,7 +15,7 @@ def test_a_capped_index_warms_its_first_documents_and_the_rest_after_their_first
         texts = fresh_texts(3, "warm cap")
         store = CacheBlendFAISS.from_documents([Document(page_content=t) for t in texts], embeddings, engine=own,
                                                warm_limit=1)
-        assert [own.is_warm(t) for t in texts] == [True, False, False]
+        assert [own.kv.is_warm(t) for t in texts] == [True, False, False]
         store.add_texts([fresh_texts(1, "warm cap, added later")[0]])  # past the cap too
         assert own.kv.misses is not None and own.kv.misses.offered == 0  # nothing computed yet for the rest
         docs = store.similarity_search(texts[1], k=3)

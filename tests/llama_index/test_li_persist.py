@@ -35,7 +35,7 @@ llm = CacheBlendLLM(max_new_tokens=4)
 embed = SentenceTransformerEmbedding()
 Settings.llm, Settings.embed_model = llm, embed
 index = load_faiss_index(persist_dir, embed_model=embed, engine=llm.engine)
-in_memory_after_load = len(llm.engine.stores.memory)  # 0: loading computed and copied nothing
+in_memory_after_load = len(llm.engine.kv.stores.memory)  # 0: loading computed and copied nothing
 with record_blend_stats() as stats:
     response = index.as_query_engine(llm=llm, similarity_top_k=5).query(question)
 print(json.dumps({"in_memory_after_load": in_memory_after_load, "stats": stats.last.as_dict(),

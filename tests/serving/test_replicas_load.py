@@ -95,7 +95,7 @@ class Reference:
     def fresh(self) -> BlendEngine:
         base = self.engine
         engine = BlendEngine(base.adapter.model, base.tokenizer, config=BlendConfig(neighbours=0), name=base.name)
-        engine.expect(FACTS)  # looked for in prompts, as the server does with a request's documents
+        engine.kv.expect(FACTS)  # looked for in prompts, as the server does with a request's documents
         return engine
 
     def _state(self, name: object, warm: list[str]) -> BlendEngine:
@@ -131,11 +131,11 @@ class Reference:
         """The record of ``text`` as a fresh engine's own ``warm`` computes it."""
         engine = self.fresh()
         engine.warm([text])
-        (record,) = engine.stores.get_many(engine.chunk_keys([text]))
+        (record,) = engine.kv.stores.get_many(engine.kv.keys([text]))
         return record
 
     def keys(self, texts: list[str]) -> list[str]:
-        return self.engine.chunk_keys(texts)
+        return self.engine.kv.keys(texts)
 
     def codec(self) -> str:
         return compact.codec_for(self.engine.config.kv_dtype)

@@ -45,12 +45,12 @@ def warm_fitting(
     store_dir: str | Path | None = None,
     batch_size: int = 8,
     progress: bool | None = None,
-    neighbours: Callable[[list[str]], Sequence[Sequence[str] | None]] | None = None,
+    nearest: Callable[[list[str]], Sequence[Sequence[str] | None]] | None = None,
 ) -> list[ChunkKey]:
     """Warms the warmable ``texts`` that fit; returns the keys of those warmed, in order.
 
     Idempotent: stored texts cost nothing. ``store_dir`` also writes the KV to a disk store there.
-    ``neighbours`` (engines with ``BlendConfig.neighbours`` > 0): called with the texts about to be
+    ``nearest`` (engines with ``BlendConfig.neighbours`` > 0): called with the texts about to be
     warmed, returns the passages each is computed behind (None: the engine picks), e.g. from the
     caller's vector index.
     """
@@ -69,14 +69,14 @@ def warm_fitting(
         )
     if not todo:
         return []
-    near = neighbours(todo) if neighbours is not None and engine.kv.neighbours else None
-    return engine.warm(todo, store_dir=store_dir, batch_size=batch_size, progress=progress, neighbours=near)
+    behind = nearest(todo) if nearest is not None and engine.kv.neighbours else None
+    return engine.warm(todo, store_dir=store_dir, batch_size=batch_size, progress=progress, behind=behind)
 
 
 class WarmCap:
     """Index-time warming capped at the first ``limit`` texts an index adds (None: no cap), so that
     a large corpus indexes fast and the store fills from traffic: texts past the cap are only
-    expected (``BlendEngine.expect``: found in prompts, computed there) and the engine's warm on
+    expected (``ChunkKV.expect``: found in prompts, computed there) and the engine's warm on
     miss is switched on, so each is warmed after the first answer that retrieves it."""
 
     def __init__(self, limit: int | None = None) -> None:
@@ -95,5 +95,5 @@ class WarmCap:
         self.used += len(now)
         if later:
             engine.kv.enable_warm_on_miss()
-            engine.expect(t.strip() for t in later)
+            engine.kv.expect(t.strip() for t in later)
         return now

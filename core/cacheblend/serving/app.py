@@ -155,7 +155,7 @@ class _Service:
         engine = self.engine
 
         def warm():
-            before = [engine.is_warm(t) for t in texts]
+            before = [engine.kv.is_warm(t) for t in texts]
             return before, engine.warm(texts, store_dir=self.store_dir)
 
         try:
@@ -180,7 +180,7 @@ class _Service:
     async def prometheus(self):
         gauges = {
             "active_sequences": ("Sequences in the decode batch", lambda: self.scheduler.active),
-            "store_memory_bytes": ("Chunk KV held in the memory store", lambda: self.engine.stores.memory.nbytes),
+            "store_memory_bytes": ("Chunk KV held in the memory store", lambda: self.engine.kv.stores.memory.nbytes),
         }
         misses = self.scheduler.misses
         if misses is not None:

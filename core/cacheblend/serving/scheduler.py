@@ -225,7 +225,7 @@ class Scheduler:
         engine = self.engine
         try:
             if job.documents:
-                engine.expect(job.documents) if self.misses is not None else engine.warm(job.documents)
+                engine.kv.expect(job.documents) if self.misses is not None else engine.warm(job.documents)
             request = engine.request(job.prompt)  # searched for chunks and tokenized once
             n = len(request.ids)
             pre = engine.prefill(request, recompute_ratio=job.recompute_ratio)

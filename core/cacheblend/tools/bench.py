@@ -183,7 +183,7 @@ def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict])
     started = time.perf_counter()
     scratch.warm(passages, progress=False)
     elapsed = time.perf_counter() - started
-    warm = sum(len(scratch.encode_chunk(p).ids) for p in passages) / elapsed
+    warm = sum(len(scratch.kv.encode(p).ids) for p in passages) / elapsed
     n = len(engine.request(chunks=passages, query=examples[0].question, prefix=QA_PREFIX).ids)
     full = n / _row(rows, "full prefill")["ttft_s"]
     return {"warming_tokens_per_s": warm, "warming_computed_tokens_per_s": scratch.kv.tokens_warmed / elapsed,
@@ -195,8 +195,8 @@ def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) ->
     records the median TTFT and load time; returns the last prefill."""
     ttfts, loads = [], []
     for _ in range(repeats):
-        if engine is not None and any(not t.shared for t in engine.stores.attached):  # a local store is attached
-            engine.stores.memory = MemoryStore(engine.stores.memory.max_bytes)
+        if engine is not None and any(not t.shared for t in engine.kv.stores.attached):  # a local store is attached
+            engine.kv.stores.memory = MemoryStore(engine.kv.stores.memory.max_bytes)
         started = time.perf_counter()
         pre = make()
         pre.cache()  # the decode cache: needed before the first token reaches the caller
