@@ -148,6 +148,13 @@ for _k in (0, 1):
     METHODS["oracle" if _k == 0 else f"nb{_k} oracle"] = (BlendConfig(neighbours=_k), OracleSelector())
 
 
+# the lexical selector (blending/lexical.py): the chunks holding the question's rarer token ids
+# recomputed whole, best first, then deviation (docs/LEXICAL-SELECTOR.md)
+METHODS["lexical"] = (BlendConfig(selector="lexical", neighbours=0), None)
+for _r in (5, 15, 30):
+    METHODS["nb1 lexical" + ("" if _r == 15 else f" {_r}%")] = (BlendConfig(selector="lexical", ratios=(_r / 100,)), None)
+
+
 def examples(dataset: str, split: str, count: int, engine, start: int = 0) -> list:
     """Question/passages/answers examples of ``dataset`` for ``split`` (dev or report only), from
     the split's ``start``-th example on."""

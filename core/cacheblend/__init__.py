@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from .lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .blending.lexical import LexicalSelector
     from .blending.selection import (
         AllSelector,
         Candidates,
@@ -56,6 +57,7 @@ _EXPORTS = {
     "Generation": "result",
     "GenerationStream": "generation.decode",
     "KVTier": "stores",
+    "LexicalSelector": "blending.lexical",
     "MemoryStore": "stores",
     "NoneSelector": "blending.selection",
     "Prefilled": "generation.decode",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-SELECTORS = ("deviation", "query", "query+deviation", "question", "question+deviation", "random", "chunk_start", "none", "all")
+SELECTORS = ("deviation", "lexical", "query", "query+deviation", "question", "question+deviation", "random", "chunk_start", "none", "all")
 QUESTION_LAYERS = ("all", "last_third", "last")
 QUESTION_HEADS = ("mean", "max")
 MEASURES = ("k", "v", "kv")
@@ -38,6 +38,8 @@ class BlendConfig:
         ratios: fraction of reused tokens still recomputed after each check layer (non-increasing).
             The last entry is the recompute ratio: 1.0 reproduces full prefill, 0.0 is full reuse.
         selector: which tokens to recompute: ``deviation`` (CacheBlend: fresh vs cached KV),
+            ``lexical`` (the chunks holding the question's rarer tokens, whole, best first, then
+            deviation: ``blending.selection.LexicalSelector``, docs/LEXICAL-SELECTOR.md),
             ``query`` (the tokens the question attends to most at the check layer),
             ``query+deviation`` (both, by weighted rank), ``random`` (ablation), ``chunk_start``
             (EPIC-style, the first tokens of each chunk), ``none`` or ``all``; ``question``

@@ -114,7 +114,7 @@ def plan_units(engine: Any, texts: Sequence[str], batch_size: int, known: Sequen
     """The units that warm ``texts`` as ``engine.warm(texts, batch_size=...)`` would into a store
     holding the chunk texts ``known`` (their records not yet computed: they only join the
     neighbour pool, as a store's texts do). ValueError for a text ``warm`` refuses."""
-    from .neighbours import NeighbourIndex, behind
+    from .neighbours import NeighbourIndex
 
     w = engine.kv.warmer
     uniq: dict[str, Any] = {}
@@ -131,14 +131,12 @@ def plan_units(engine: Any, texts: Sequence[str], batch_size: int, known: Sequen
     index.add(rest, [w.tokenize(t) for t in rest])
     given: dict[str, list[str]] = {}
     for batch in _batches(order, batch_size):  # as Warmer._contexts asks the index, batch by batch
-        found = index.nearest([c.ids for c in batch], k, exclude=[c.text for c in batch])
-        given.update((c.text, near) for c, near in zip(batch, found))
+        given.update(w.nearest(batch, index))
     by_lead = {c.lead: c for c in chunks if c.lead is not None}
     taker: dict[str, Any] = {}  # lead key -> the chunk whose forward yields it
     for c in order:
-        fixed = len(w.setup.context_ids) + len(c.ids)
-        kept = behind([index.ids(t) or w.tokenize(t) for t in given[c.text]], fixed, w.setup.context_window)
-        lead = w.keys(kept[0])[1] if kept else None
+        _, first = w.place(c, given[c.text], index)
+        lead = w.keys(first)[1] if first is not None else None
         if lead in by_lead and lead not in taker:
             taker[lead] = c
     parent = {c.key: c.key for c in chunks}

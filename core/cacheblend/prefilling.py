@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from .blending.blend import blend_prefill
-from .blending.selection import Selector, make_selector
+from .blending.selection import Selector
+from .blending.selectors import make_selector
 from .config import BlendConfig
 from .generation.decode import Prefilled
 from .models.adapter import ModelAdapter

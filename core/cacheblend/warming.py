@@ -106,20 +106,20 @@ class Warmer:
         return chunks
 
     def given_behind(
-        self, chunks: list[WarmChunk], behind: Sequence[Sequence[str] | None] | None
+        self, chunks: list[WarmChunk], lists: Sequence[Sequence[str] | None] | None
     ) -> dict[str, list[str]]:
-        """Validates the caller's ``behind``: chunk text -> the passages it is computed behind
+        """Validates the caller's ``behind`` lists: chunk text -> the passages it is computed behind
         (cleaned, blank ones dropped, at most ``setup.neighbours``). A None entry leaves the
         choice to the neighbour index."""
-        if behind is None:
+        if lists is None:
             return {}
         k = self.setup.neighbours
         if k == 0:
             raise ValueError("behind was given, but this engine warms chunks alone (BlendConfig.neighbours=0)")
-        if isinstance(behind, str) or len(behind) != len(chunks):
-            raise ValueError(f"behind must hold one list of texts per text warmed ({len(chunks)}), got {behind!r:.80}")
+        if isinstance(lists, str) or len(lists) != len(chunks):
+            raise ValueError(f"behind must hold one list of texts per text warmed ({len(chunks)}), got {lists!r:.80}")
         out = {}
-        for chunk, near in zip(chunks, behind):
+        for chunk, near in zip(chunks, lists):
             if near is None:
                 continue
             if isinstance(near, str) or not all(isinstance(t, str) for t in near):
@@ -200,18 +200,27 @@ class Warmer:
         """What each chunk of ``batch`` is computed behind: the chunk context, then (with
         ``setup.neighbours``) its neighbours, given or found in the neighbour index; with the ids
         of the neighbour placed first (right behind the chunk context), if any."""
-        ctx, k = list(self.setup.context_ids), self.setup.neighbours
-        if not k:
-            return [(ctx, None)] * len(batch)
-        ask = [c for c in batch if c.text not in given]
-        found = dict(zip((c.text for c in ask), self.index.nearest([c.ids for c in ask], k, exclude=[c.text for c in ask])))
-        out = []
-        for chunk in batch:
-            texts = given[chunk.text] if chunk.text in given else found[chunk.text]
-            ids = [self.index.ids(t) or self.tokenize(t) for t in texts]  # given texts may be unindexed
-            kept = behind(ids, len(ctx) + len(chunk.ids), self.setup.context_window)
-            out.append(([*ctx, *(t for n in kept for t in n)], kept[0] if kept else None))
-        return out
+        if not self.setup.neighbours:
+            return [(list(self.setup.context_ids), None)] * len(batch)
+        found = self.nearest([c for c in batch if c.text not in given])
+        return [self.place(c, given[c.text] if c.text in given else found[c.text]) for c in batch]
+
+    def nearest(self, batch: list[WarmChunk], index: NeighbourIndex | None = None) -> dict[str, list[str]]:
+        """Chunk text -> its ``setup.neighbours`` most similar texts in ``index`` (the engine's by
+        default), the batch's own texts left out: what a warm of ``batch`` is computed behind."""
+        index = self.index if index is None else index
+        exclude = [c.text for c in batch]
+        return dict(zip(exclude, index.nearest([c.ids for c in batch], self.setup.neighbours, exclude=exclude)))
+
+    def place(
+        self, chunk: WarmChunk, texts: Sequence[str], index: NeighbourIndex | None = None
+    ) -> tuple[list[int], list[int] | None]:
+        """What ``chunk`` is computed behind: the chunk context, then as many of the neighbour
+        ``texts`` as fit in the context window; with the ids of the one placed first, if any."""
+        index, ctx = self.index if index is None else index, list(self.setup.context_ids)
+        ids = [index.ids(t) or self.tokenize(t) for t in texts]  # given texts may be unindexed
+        kept = behind(ids, len(ctx) + len(chunk.ids), self.setup.context_window)
+        return [*ctx, *(t for n in kept for t in n)], kept[0] if kept else None
 
     def _forward(
         self, batch: list[WarmChunk], given: dict[str, list[str]], leads: dict[ChunkKey, WarmChunk], report: WarmReport

@@ -11,7 +11,8 @@ import torch
 from cacheblend import BlendConfig
 from cacheblend.blending import budget
 from cacheblend.blending.blend import blend_prefill, budget_for
-from cacheblend.blending.selection import DeviationSelector, make_selector
+from cacheblend.blending.selection import DeviationSelector
+from cacheblend.blending.selectors import make_selector
 from cacheblend.config import BUDGET_SIGNALS, AutoRatio
 
 from test_equivalence import CHUNKS, assembled, assert_kv_close, hf_reference, request

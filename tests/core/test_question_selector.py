@@ -21,8 +21,8 @@ from cacheblend.blending.selection import (
     QuestionDeviationSelector,
     QuestionSelector,
     SinkSelector,
-    make_selector,
 )
+from cacheblend.blending.selectors import make_selector
 from cacheblend.blending.question import Fusion, chunk_ids
 
 from test_equivalence import CHUNKS, assembled, assert_kv_close, hf_reference, request

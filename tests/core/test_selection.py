@@ -16,8 +16,8 @@ from cacheblend.blending.selection import (
     DeviationSelector,
     QuerySelector,
     SinkSelector,
-    make_selector,
 )
+from cacheblend.blending.selectors import make_selector
 
 from test_equivalence import CHUNKS, assembled, hf_reference, request
 

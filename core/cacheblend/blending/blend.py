@@ -14,7 +14,7 @@ For a prompt whose tokens are partly covered by cached chunk KV (keys stored bef
    over it with an exact causal mask by position.
 
 Ratio 1.0 is a full prefill, 0.0 full reuse (only uncached tokens are recomputed). An ``AutoRatio``
-in the schedule is resolved per request at its check layer, before the pick (``budget.py``).
+is resolved per request at its check layer, before the pick (``budget.py``).
 
 A two-stage selector (``two_stage``: ``QuestionSelector``) changes the order. Stage 1 is the
 full-reuse pass (ratio 0.0 from layer 0: no layer-0 prelude) that at each layer also scores the
@@ -238,8 +238,7 @@ class _CheckLayer:
 class _Check:
     """What a check layer needs besides the layer's tensors. keep_always: [N] bool, the uncached
     rows and the last row (whose logits start decoding), all ``num_always`` of them always active;
-    asking: [N] bool, the question (the uncached rows after the last reused token, at least the
-    last row)."""
+    asking: [N] bool, the question (the uncached rows after the last reused token, or the last)."""
 
     inp: BlendInput
     selector: Selector
@@ -277,6 +276,7 @@ class _Check:
                 chunk_offsets=self.inp.chunk_offsets[tokens],
                 query_attention=self._query_attention(at, rows)[:, :, tokens] if needs else None,
                 question_score=None if self.question_score is None else self.question_score[tokens],
+                ids=self.inp.ids[tokens], question_ids=self.inp.ids[self.asking],
             ),
             budget,
         )

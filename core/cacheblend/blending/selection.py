@@ -18,7 +18,6 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from ..config import BlendConfig
 from .question import Fusion
 
 
@@ -34,6 +33,8 @@ class Candidates:
         Computed only for selectors whose class sets ``needs_query = True``; None otherwise.
     question_score: [n] fp32, each candidate's score from the first stage of a two-stage blend
         (``QuestionSelector.fuse``); None in the one-pass blend.
+    ids: [n] the candidates' token ids; question_ids: [m] those of the question's rows (the
+        uncached rows after the last reused token). None where a caller builds candidates without.
     """
 
     layer: int
@@ -45,6 +46,8 @@ class Candidates:
     chunk_offsets: torch.Tensor
     query_attention: torch.Tensor | None = None
     question_score: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+    question_ids: torch.Tensor | None = None
 
 
 class Selector(Protocol):
@@ -265,26 +268,3 @@ class AllSelector:
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         return torch.arange(cand.positions.shape[0], device=cand.positions.device)
-
-
-def make_selector(config: BlendConfig) -> Selector:
-    """The selector named by ``config.selector`` (with ``config.sinks`` on the scoring ones)."""
-    scoring = {
-        "deviation": lambda: DeviationSelector(config.measure),
-        "query": lambda: QuerySelector(),
-        "query+deviation": lambda: CombinedSelector(config.query_weight, config.measure),
-        "question": lambda: QuestionSelector(config.question_layers, config.question_heads, config.question_per_chunk),
-        "question+deviation": lambda: QuestionDeviationSelector(
-            config.question_weight, config.measure, config.question_layers, config.question_heads, config.question_per_chunk
-        ),
-    }
-    if config.selector in scoring:
-        inner = scoring[config.selector]()
-        return SinkSelector(inner, config.sinks) if config.sinks else inner
-    if config.selector == "random":
-        return RandomSelector(config.seed)
-    if config.selector == "chunk_start":
-        return ChunkStartSelector()
-    if config.selector == "none":
-        return NoneSelector()
-    return AllSelector()

@@ -1,0 +1,55 @@
+"""The lexical selector: the chunks the question names are recomputed whole.
+
+On lookups over passages alike in form (the generated facts: every passage states a founding
+year, a founder and a city in the same sentences), a blend's wrong answers name a value of
+another passage or another attribute of the right one (QUALITY-NOTES): the question reads the
+asked passage's KV, computed without the rest of the prompt, and binds to a distractor's similar
+sentence. The question's rarer tokens say which passage it asks about, at no cost: recomputing
+that passage whole gives it KV computed over the whole prompt, as full prefill's is. Measured
+against deviation, full reuse of the same records and the rest on both real models in
+docs/LEXICAL-SELECTOR.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .question import chunk_ids
+from .selection import Candidates, DeviationSelector, _rank, _top
+
+
+@dataclass(frozen=True)
+class LexicalSelector:
+    """What the question names: the chunks holding the question's tokens are recomputed whole,
+    the best first, and the rest of the budget goes by KV deviation (within a chunk that does not
+    fit whole too).
+
+    A chunk's score is the sum, over the distinct question token ids it holds, of log(chunks /
+    chunks holding that id): an id every chunk holds (a shared word, the passages' common
+    pattern) weighs nothing, a name only one passage holds weighs most. So the passage the
+    question asks about is read with KV computed over the whole prompt, where a distractor's
+    similar sentence would otherwise bind the answer (docs/LEXICAL-SELECTOR.md)."""
+
+    measure: str = "v"
+    needs_query: ClassVar[bool] = False
+
+    def scores(self, cand: Candidates) -> torch.Tensor:
+        if cand.ids is None or cand.question_ids is None:
+            raise ValueError("the lexical selector needs Candidates.ids and Candidates.question_ids")
+        chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
+        n = int(chunk.max()) + 1 if chunk.numel() else 0
+        asked = cand.question_ids.unique()  # [m']
+        found = (cand.ids[:, None] == asked[None, :]).float()  # [n, m']
+        holds = torch.zeros(n, asked.numel(), device=chunk.device).index_add_(0, chunk, found) > 0  # [chunks, m']
+        df = holds.sum(0).clamp_min(1).float()  # chunks holding each question id
+        chunk_score = (holds.float() * torch.log(n / df)).sum(1)  # [chunks]
+        rank = torch.empty(n, dtype=torch.float32, device=chunk.device)
+        rank[chunk_score.argsort(stable=True)] = torch.arange(n, dtype=torch.float32, device=chunk.device)
+        prio = torch.where(chunk_score[chunk] > 0, 1.0 + rank[chunk], 0.0)  # better chunks higher, whole
+        return prio + _rank(DeviationSelector(self.measure).scores(cand))  # deviation in [0, 1) inside
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        return _top(self.scores(cand), budget)
