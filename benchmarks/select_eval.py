@@ -153,6 +153,8 @@ for _k in (0, 1):
 METHODS["lexical"] = (BlendConfig(selector="lexical", neighbours=0), None)
 for _r in (5, 15, 30):
     METHODS["nb1 lexical" + ("" if _r == 15 else f" {_r}%")] = (BlendConfig(selector="lexical", ratios=(_r / 100,)), None)
+for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budget, deviation the rest
+    METHODS[f"nb1 lexical share {_share}"] = (BlendConfig(selector="lexical", lexical_share=_share), None)
 
 
 def examples(dataset: str, split: str, count: int, engine, start: int = 0) -> list:

@@ -87,6 +87,8 @@ class BlendConfig:
             chunk rather than to the chunks the question reads most).
         question_weight: weight of the question rank against the deviation rank in
             ``question+deviation``.
+        lexical_share: the share of the budget the ``lexical`` selector gives the chunks the
+            question names (whole, best first); the rest goes by deviation over every chunk.
         auto_budget: the adaptive recompute budget (``with_ratio("auto")``, ``recompute_ratio="auto"``
             on a prefill): at the check layer, before picking, ``blending.budget`` reads
             ``auto_signal`` for the request and recomputes ``auto_max_ratio`` of the reused tokens when
@@ -113,6 +115,7 @@ class BlendConfig:
     question_heads: str = "mean"
     question_per_chunk: bool = False
     question_weight: float = 0.5
+    lexical_share: float = 1.0
     auto_budget: bool = False
     auto_signal: str = "deviation"
     auto_min_ratio: float = 0.05
@@ -135,8 +138,10 @@ class BlendConfig:
         if any(b > a for a, b in zip(self.ratios, self.ratios[1:])):
             raise ValueError(f"ratios must not increase from one check layer to the next, got {self.ratios}")
         _check_choice("selector", self.selector, SELECTORS)
-        if not isinstance(self.query_weight, (int, float)) or not 0.0 <= self.query_weight <= 1.0:
-            raise ValueError(f"query_weight must be a number in [0, 1], got {self.query_weight!r}")
+        for name in ("query_weight", "question_weight", "lexical_share"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
         if not isinstance(self.sinks, int) or isinstance(self.sinks, bool) or self.sinks < 0:
             raise ValueError(f"sinks must be a non-negative integer, got {self.sinks!r}")
         if not isinstance(self.fresh_check, bool):
@@ -150,9 +155,6 @@ class BlendConfig:
         _check_choice("question_heads", self.question_heads, QUESTION_HEADS)
         if not isinstance(self.question_per_chunk, bool):
             raise ValueError(f"question_per_chunk must be True or False, got {self.question_per_chunk!r}")
-        if not isinstance(self.question_weight, (int, float)) or isinstance(self.question_weight, bool) \
-                or not 0.0 <= self.question_weight <= 1.0:
-            raise ValueError(f"question_weight must be a number in [0, 1], got {self.question_weight!r}")
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
         self._check_auto()

@@ -51,6 +51,16 @@ def test_chunks_rank_by_the_weight_of_the_question_ids_they_hold():
     assert picked(cand, 7) == [0, 4, 5, 6, 7, 8, 9]  # the first chunk holds none: deviation
 
 
+def test_share_caps_the_named_chunks_and_deviation_takes_the_rest():
+    cand = candidates([99])
+    assert picked(cand, 4, LexicalSelector(share=0.5)) == [0, 1, 5, 6]  # 2 named (by deviation inside), 2 by deviation
+    assert picked(cand, 4, LexicalSelector(share=0.0)) == picked(cand, 4, DeviationSelector("v"))
+    assert picked(cand, 99, LexicalSelector(share=0.5)) == list(range(len(IDS)))  # never a token twice
+    assert make_selector(BlendConfig(selector="lexical", lexical_share=0.5)) == LexicalSelector("v", 0.5)
+    with pytest.raises(ValueError, match="lexical_share"):
+        BlendConfig(lexical_share=1.5)
+
+
 def test_an_id_every_chunk_holds_weighs_nothing():
     cand = candidates([5])
     assert picked(cand, 3) == picked(cand, 3, DeviationSelector("v"))

@@ -24,8 +24,8 @@ from .selection import Candidates, DeviationSelector, _rank, _top
 @dataclass(frozen=True)
 class LexicalSelector:
     """What the question names: the chunks holding the question's tokens are recomputed whole,
-    the best first, and the rest of the budget goes by KV deviation (within a chunk that does not
-    fit whole too).
+    the best first, within ``share`` of the budget (by KV deviation inside a chunk that does not fit
+    whole); the rest of the budget goes by KV deviation over every chunk.
 
     A chunk's score is the sum, over the distinct question token ids it holds, of log(chunks /
     chunks holding that id): an id every chunk holds (a shared word, the passages' common
@@ -34,6 +34,7 @@ class LexicalSelector:
     similar sentence would otherwise bind the answer (docs/LEXICAL-SELECTOR.md)."""
 
     measure: str = "v"
+    share: float = 1.0  # of the budget, for the named chunks; the rest by deviation over every chunk
     needs_query: ClassVar[bool] = False
 
     def scores(self, cand: Candidates) -> torch.Tensor:
@@ -52,4 +53,10 @@ class LexicalSelector:
         return prio + _rank(DeviationSelector(self.measure).scores(cand))  # deviation in [0, 1) inside
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
-        return _top(self.scores(cand), budget)
+        budget = min(budget, cand.positions.numel())
+        named = _top(self.scores(cand), round(budget * self.share))
+        if named.numel() >= budget:
+            return named
+        rest = DeviationSelector(self.measure).scores(cand)
+        rest[named] = -1.0  # deviations are >= 0: the named tokens are not picked twice
+        return torch.cat([named, _top(rest, budget - named.numel())])

@@ -29,8 +29,7 @@ def make_selector(config: BlendConfig) -> Selector:
     scoring = {
         "deviation": lambda: DeviationSelector(config.measure),
         "query": lambda: QuerySelector(),
-        "lexical": lambda: LexicalSelector(config.measure),
-        "lexical": lambda: LexicalSelector(config.measure),
+        "lexical": lambda: LexicalSelector(config.measure, config.lexical_share),
         "query+deviation": lambda: CombinedSelector(config.query_weight, config.measure),
         "question": lambda: QuestionSelector(config.question_layers, config.question_heads, config.question_per_chunk),
         "question+deviation": lambda: QuestionDeviationSelector(
