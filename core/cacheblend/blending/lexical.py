@@ -37,7 +37,9 @@ class LexicalSelector:
     share: float = 1.0  # of the budget, for the named chunks; the rest by deviation over every chunk
     needs_query: ClassVar[bool] = False
 
-    def scores(self, cand: Candidates) -> torch.Tensor:
+    def scores(self, cand: Candidates, deviation: torch.Tensor | None = None) -> torch.Tensor:
+        """The named chunks' rank (1 + rank, 0 for a chunk naming nothing) plus each token's deviation
+        rank in [0, 1); ``deviation``: its V deviation scores, when the caller has them already."""
         if cand.ids is None or cand.question_ids is None:
             raise ValueError("the lexical selector needs Candidates.ids and Candidates.question_ids")
         chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
@@ -50,13 +52,15 @@ class LexicalSelector:
         rank = torch.empty(n, dtype=torch.float32, device=chunk.device)
         rank[chunk_score.argsort(stable=True)] = torch.arange(n, dtype=torch.float32, device=chunk.device)
         prio = torch.where(chunk_score[chunk] > 0, 1.0 + rank[chunk], 0.0)  # better chunks higher, whole
-        return prio + _rank(DeviationSelector(self.measure).scores(cand))  # deviation in [0, 1) inside
+        deviation = DeviationSelector(self.measure).scores(cand) if deviation is None else deviation
+        return prio + _rank(deviation)  # deviation in [0, 1) inside
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         budget = min(budget, cand.positions.numel())
-        named = _top(self.scores(cand), round(budget * self.share))
+        deviation = DeviationSelector(self.measure).scores(cand)  # one computation for both parts
+        named = _top(self.scores(cand, deviation), round(budget * self.share))
         if named.numel() >= budget:
             return named
-        rest = DeviationSelector(self.measure).scores(cand)
+        rest = deviation.clone()
         rest[named] = -1.0  # deviations are >= 0: the named tokens are not picked twice
         return torch.cat([named, _top(rest, budget - named.numel())])
