@@ -1,9 +1,11 @@
 """The speed/quality frontier of every method (issue 10), from ``select_eval.py --json`` runs.
 
     .venv/bin/python benchmarks/frontier.py docs/frontier.png runs/pydoc.json runs/musique.json runs/facts.json
+    .venv/bin/python benchmarks/frontier.py docs/frontier.png a.json+b.json   # one panel, two runs
     .venv/bin/python benchmarks/frontier.py --quick /tmp/frontier.png    # one committed run file
 
-One panel per dataset: x is the prefill speedup over full prefill (the median ratio measured in
+One panel per argument; ``a.json+b.json`` is one panel from runs over the same questions (the same
+model, dataset, split and questions: a method both hold is taken from the first). x is the prefill speedup over full prefill (the median ratio measured in
 the same run as the quality, one thread), y the mean KL(full prefill || method) over the
 full-prefill answer (lower is better), and a second row the answer F1 against full prefill's
 answer. Lines join one warming setting across recompute ratios (5%, 15%, 30%); the best methods
@@ -17,13 +19,16 @@ import json
 import re
 from pathlib import Path
 
-from runfile import ROOT, RunRecord, add_common
+from runfile import DEFAULT_MODEL, ROOT, RunRecord, add_common
 
 QUICK_INPUT = ROOT / "docs" / "runs" / "select_pydoc_report.json"
 
 
 def family(name: str) -> tuple[str, float]:
     """(curve label, recompute ratio) of a select_eval method name."""
+    m = re.fullmatch(r"(nb\d+ )?lexical(?: (\d+)%)?", name)
+    if m:
+        return ("lexical, default warming" if m.group(1) else "lexical, warmed alone"), int(m.group(2) or 15) / 100
     m = re.fullmatch(r"(nb\d+ )?(plain )?(deviation|reuse)(?: (\d+)%)?", name)
     if m:
         k = m.group(1).strip()[2:] if m.group(1) else "0"
@@ -43,11 +48,26 @@ def family(name: str) -> tuple[str, float]:
     return names.get(name, name), 1.0 if name.startswith("full ") else 0.15
 
 
+def panel(spec: str) -> dict:
+    """One panel's data: the run file ``spec``, or ``a.json+b.json``, runs over the same questions
+    merged (a method both hold comes from the first; a clear error if they are not the same set)."""
+    runs = [json.loads(Path(path).read_text()) for path in spec.split("+")]
+    same = {(r.get("run", {}).get("model") or DEFAULT_MODEL, *(r["meta"].get(k) for k in ("dataset", "split", "start", "count"))) for r in runs}
+    if len(same) != 1:
+        raise SystemExit(f"{spec}: the runs of one panel must share model, dataset, split, start and count: {sorted(map(str, same))}")
+    methods: dict = {}
+    for r in runs:
+        for name, row in r["methods"].items():
+            methods.setdefault(name, row)
+    return dict(runs[0], methods=methods)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap, model=False, quick=f"plot {QUICK_INPUT.relative_to(ROOT)} alone")
     ap.add_argument("out", help="the PNG to write")
-    ap.add_argument("runs", nargs="*", metavar="RUN_JSON", help="select_eval.py --run-file outputs, one panel each")
+    ap.add_argument("runs", nargs="*", metavar="RUN_JSON",
+                    help="select_eval.py --run-file outputs, one panel each (a+b: one panel from two runs)")
     args = ap.parse_args(argv)
     if args.quick:
         args.runs = [str(QUICK_INPUT)]
@@ -60,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     out, paths = Path(args.out), args.runs
-    runs = [json.loads(Path(path).read_text()) for path in paths]
+    runs = [panel(path) for path in paths]
     record.model = ", ".join(sorted({r.get("run", {}).get("model") or "smollm2-135m-instruct (before run files)" for r in runs}))
     labels = sorted({family(n)[0] for data in runs for n in data["methods"] if n != "full prefill"})
     colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}  # one colour per method in every panel

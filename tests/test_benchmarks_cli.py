@@ -155,6 +155,35 @@ def test_frontier_quick(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _run_file(path: Path, model: str | None, count: int, methods: dict) -> str:
+    path.write_text(json.dumps({"run": {"model": model} if model else {},
+                                "meta": {"dataset": "facts", "split": "report", "start": 0, "count": count},
+                                "methods": methods}))
+    return str(path)
+
+
+def test_frontier_panel_merges_runs_over_the_same_questions_and_refuses_others(tmp_path):
+    """``a.json+b.json`` is one panel: a method both runs hold comes from the first; a run file
+    from before run files (no model) counts as the default model's; other questions are refused."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from frontier import family, panel
+    finally:
+        sys.path.remove(str(BENCH))
+    a = _run_file(tmp_path / "a.json", None, 60, {"full prefill": {"kl": 0.0}, "nb1 deviation": {"kl": 0.1}})
+    b = _run_file(tmp_path / "b.json", "smollm2-135m-instruct", 60, {"nb1 deviation": {"kl": 0.2}, "nb1 lexical": {"kl": 0.3}})
+    merged = panel(f"{a}+{b}")
+    assert merged["methods"] == {"full prefill": {"kl": 0.0}, "nb1 deviation": {"kl": 0.1}, "nb1 lexical": {"kl": 0.3}}
+    other = _run_file(tmp_path / "c.json", "qwen2.5-0.5b-instruct", 60, {})
+    with pytest.raises(SystemExit, match="must share model"):
+        panel(f"{a}+{other}")
+    with pytest.raises(SystemExit, match="must share model"):
+        panel(f"{a}+{_run_file(tmp_path / 'd.json', None, 50, {})}")
+    assert family("nb1 lexical 30%") == ("lexical, default warming", 0.3)
+    assert family("lexical") == ("lexical, warmed alone", 0.15)
+    assert family("nb1 deviation 5%")[1] == 0.05
+
+
 DEDICATED = {"facts.py", "exact_prompts.py", "store_bench.py", "select_eval.py", "neighbour_eval.py", "tune.py",
              "warm_rate.py", "blend_ab.py", "bench_serve.py", "frontier.py", "figures.py"}  # tests above and below
 
