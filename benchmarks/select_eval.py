@@ -8,6 +8,12 @@ split's pool: the ``nbK`` methods), each warmed once; per question one full pref
 accuracy (greedy short answer contains the gold string), agreement (the same answer as full
 prefill), mean KL(full || method) over the full-prefill answer's tokens, recomputed share, and
 the median ratio of its prefill time to full prefill's (short prompts: a rough guide only).
+
+``--pool corpus`` (MuSiQue): the ``nbK`` engines pick neighbours among every passage of the
+file's prompts (all 150 examples' six), not only the run's: a passage is then less often warmed
+behind one of its own prompt's passages, as in a corpus where retrieval did not gather the pool.
+Only the run's passages are warmed either way; the run file states the share of them whose
+nearest neighbour shares a prompt with them (``meta.own_prompt_share``).
 """
 
 from __future__ import annotations
@@ -169,8 +175,27 @@ def examples(dataset: str, split: str, count: int, engine, start: int = 0) -> li
     return (data[:50] if split == "dev" else data[50:150])[start : start + count]
 
 
+def corpus(dataset: str) -> list[str]:
+    """Every passage of a MuSiQue file's prompts (``--pool corpus``), both splits."""
+    if dataset in ("facts", "pydoc"):
+        raise SystemExit("--pool corpus needs a MuSiQue-format dataset")
+    return sorted({p for ex in load_musique(dataset, 6) for p in ex.passages})
+
+
+def own_prompt_share(engine: BlendEngine, qs: list) -> float:
+    """The share of the run's passages whose nearest neighbour in ``engine``'s index is a passage of
+    a prompt holding them: how much of the neighbour warming's help retrieval's own pool gives."""
+    pool = sorted({p for q in qs for p in q.passages})
+    together: dict[str, set[str]] = {p: set() for p in pool}
+    for q in qs:
+        for p in q.passages:
+            together[p].update(q.passages)
+    near = engine.kv.warmer.nearest(engine.kv.warmer.prepare(pool))
+    return sum(bool(near[p]) and near[p][0] in together[p] for p in pool) / len(pool)
+
+
 def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print, start: int = 0,
-        model: str = DEFAULT_MODEL) -> dict[str, dict]:
+        model: str = DEFAULT_MODEL, pool_of: str = "run", meta: dict | None = None) -> dict[str, dict]:
     shared = shared_engine(model)
     model, tok = shared.adapter.model, shared.tokenizer
     room = 8 << 30  # every chunk of a large pool stays in memory (MuSiQue's 30 prompts hold ~2.2 GB of fp16 KV)
@@ -181,7 +206,14 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     needed = {METHODS[n][0].neighbours for n in names} | {k for n in names for k in LADDERS.get(n, ())}
     for k in sorted(needed - {0}):
         engines[k] = BlendEngine(model, tok, config=BlendConfig(neighbours=k), memory_bytes=room)
+    known = corpus(dataset) if pool_of == "corpus" else pool
     for k, eng in engines.items():
+        if k:  # the neighbour index holds the pool (or the corpus) before the warm picks from it
+            eng.kv.warmer.learn([], known)
+            share = own_prompt_share(eng, qs)
+            log(f"neighbours among {len(known)} passages: {share:.1%} of the run's are warmed behind their own prompt's")
+            if meta is not None:
+                meta.update(pool=pool_of, pool_passages=len(known), own_prompt_share=round(share, 4))
         started = time.time()
         eng.warm(pool, progress=False)
         log(f"warmed {len(pool)} passages behind {k} neighbours in {time.time() - started:.0f} s", flush=True)
@@ -325,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--start", type=int, default=0, help="skip the split's first START examples")
     ap.add_argument("--methods", default="reuse,deviation,random,chunk_start")
     ap.add_argument("--answer-tokens", type=int, default=20)
+    ap.add_argument("--pool", default="run", choices=("run", "corpus"),
+                    help="where the nbK engines find neighbours: the run's passages, or every passage of the MuSiQue file")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 suits shared CPUs)")
     ap.add_argument("--json", dest="run_file", default=None,
                     help="the same as --run-file: the per-method means with the run's metadata (benchmarks/frontier.py plots them)")
@@ -355,11 +389,13 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
     started = time.time()
-    rows = run(args.dataset, args.split, args.count, names, args.answer_tokens, start=args.start, model=args.model)
+    pooled: dict = {}
+    rows = run(args.dataset, args.split, args.count, names, args.answer_tokens, start=args.start, model=args.model,
+               pool_of=args.pool, meta=pooled)
     summary, count = summarize(rows), len(rows["full prefill"]["kl"])
     print(table(summary, count))
     print(f"{args.dataset}, {args.split} split, {time.time() - started:.0f} s")
-    meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": count}
+    meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": count, **pooled}
     record.write(args.run_file, {"meta": meta, "methods": summary})
 
 
