@@ -157,8 +157,11 @@ for _k in (0, 1):
 # the lexical selector (blending/lexical.py): the chunks holding the question's rarer token ids
 # recomputed whole, best first, then deviation (docs/LEXICAL-SELECTOR.md)
 METHODS["lexical"] = (BlendConfig(selector="lexical", neighbours=0), None)
-for _r in (5, 15, 30):
+for _r in (5, 15, 20, 30):
     METHODS["nb1 lexical" + ("" if _r == 15 else f" {_r}%")] = (BlendConfig(selector="lexical", ratios=(_r / 100,)), None)
+# the budget the question names: exactly the chunk it names most, whole (5% when it names none)
+METHODS["nb1 lexical named"] = (BlendConfig(selector="lexical", auto_budget=True, auto_signal="named_share",
+                                            auto_min_ratio=0.05, auto_max_ratio=0.3), None)
 for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budget, deviation the rest
     METHODS[f"nb1 lexical share {_share}"] = (BlendConfig(selector="lexical", lexical_share=_share), None)
 

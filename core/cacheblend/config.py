@@ -19,7 +19,9 @@ MAX_NEIGHBOURS = 8
 # stores). Every other field is a per-call blend knob that a prefill's ``config=`` may change.
 KV_FIELDS = ("chunk_context", "neighbours", "lead_alone", "kv_dtype")
 # What an adaptive budget (``recompute_ratio="auto"``) may read at the check layer (blending.budget)
-BUDGET_SIGNALS = ("deviation", "concentration", "attention_other", "attention_entropy", "cached_share", "chunks")
+BUDGET_SIGNALS = ("deviation", "concentration", "attention_other", "attention_entropy", "cached_share", "chunks",
+                  "named_share")
+SHARE_SIGNALS = ("named_share",)  # a ratio themselves: the budget is the signal, within the bounds
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ class BlendConfig:
             are then unused (``with_ratio(r)`` goes back to them). The defaults (deviation, 5-30%,
             threshold 0.00096) are fitted on SmolLM2's development data to a mean of 15%; the
             threshold is model-specific, and auto kept no more answers than the fixed 15% there.
+            ``auto_signal="named_share"`` (with ``selector="lexical"``) recomputes exactly the
+            chunk the question names most, whole: the ratio is that chunk's share of the reused
+            tokens, within the bounds (``auto_min_ratio`` when it names none).
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -236,7 +241,8 @@ class BlendConfig:
 class AutoRatio:
     """A schedule entry that the blend resolves per request (``blending.budget.resolve``): at the
     check layer it reads ``signal`` and keeps ``max_ratio`` of the reused tokens when the value is
-    at least ``threshold``, ``min_ratio`` otherwise."""
+    at least ``threshold``, ``min_ratio`` otherwise; a signal of ``SHARE_SIGNALS`` is the ratio
+    itself, kept within [min_ratio, max_ratio] (``threshold`` plays no part)."""
 
     signal: str
     min_ratio: float
@@ -244,6 +250,8 @@ class AutoRatio:
     threshold: float
 
     def ratio(self, value: float) -> float:
+        if self.signal in SHARE_SIGNALS:
+            return min(self.max_ratio, max(self.min_ratio, value))
         return self.max_ratio if value >= self.threshold else self.min_ratio
 
 

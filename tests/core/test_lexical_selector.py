@@ -11,6 +11,9 @@ import torch
 
 from cacheblend import BlendConfig, LexicalSelector
 from cacheblend.blending.blend import blend_prefill
+from cacheblend.blending.lexical import chunk_scores, named_share
+from cacheblend.blending.question import chunk_ids
+from cacheblend.config import AutoRatio
 from cacheblend.blending.selection import Candidates, DeviationSelector, NoneSelector
 from cacheblend.blending.selectors import make_selector
 
@@ -83,7 +86,8 @@ class Recorder:
 
     def __call__(self, cand, budget):
         self.seen.append(cand)
-        return LexicalSelector()(cand, budget)
+        self.picked = LexicalSelector()(cand, budget)
+        return self.picked
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -112,3 +116,33 @@ def test_ratio_one_is_full_prefill_and_zero_is_full_reuse(make_engine, family):
     none = blend_prefill(engine.adapter, inp, selector, {1: 0.0})
     reuse = blend_prefill(engine.adapter, inp, NoneSelector(), {1: 0.0})
     assert torch.equal(none.logits, reuse.logits) and none.recomputed == reuse.recomputed
+
+
+def test_named_share_is_the_share_of_the_chunk_the_question_names_most():
+    ids, chunk = torch.tensor(IDS), torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
+    assert named_share(ids, chunk, torch.tensor([5, 77, 78, 99])) == pytest.approx(0.3)  # the third chunk: two ids
+    assert named_share(ids, torch.tensor([0, 0, 0, 0, 0, 0, 1, 1, 1, 1]), torch.tensor([11])) == pytest.approx(0.6)
+    assert named_share(ids, chunk, torch.tensor([5])) == 0.0  # an id every chunk holds names none
+    assert named_share(ids, chunk, torch.tensor([1000])) == 0.0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_named_share_budget_recomputes_exactly_the_named_chunk_whole(make_engine, family):
+    """``auto_signal="named_share"``: the ratio is the named chunk's share of the reused tokens,
+    and the lexical selector spends it on that chunk, every token of it and nothing else."""
+    engine = make_engine(family)
+    engine.warm(CHUNKS)
+    inp = assembled(engine, request(engine, (1, 2, 0))).input  # "what colour was the ink?": the last chunk
+    recorder = Recorder()
+    out = blend_prefill(engine.adapter, inp, recorder, {1: AutoRatio("named_share", 0.0, 1.0, 0.0)})
+    (cand,) = recorder.seen
+    chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)
+    scores = chunk_scores(cand.ids, chunk, cand.question_ids)
+    assert float(scores.max()) > 0 and int(scores.argmax()) == 2  # the ink chunk, third in this prompt
+    reused = int(inp.reused.sum())
+    named = (chunk == 2).nonzero().flatten()
+    assert out.ratio == pytest.approx(named.numel() / reused) and out.budget_signal == out.ratio
+    assert sorted(recorder.picked.tolist()) == named.tolist()
+    assert out.recomputed == inp.ids.shape[0] - reused + named.numel()
+    bounded = blend_prefill(engine.adapter, inp, LexicalSelector(), {1: AutoRatio("named_share", 0.0, 0.1, 0.0)})
+    assert bounded.ratio == 0.1  # within the bounds

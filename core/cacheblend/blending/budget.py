@@ -12,7 +12,10 @@ ratio in [min_ratio, max_ratio]. The signals (``SIGNALS``, names in ``config.BUD
 - ``attention_other``: of the attention the question rows pay the reused tokens at the check layer
   (mean over heads), the share outside the chunk that gets the most;
 - ``attention_entropy``: the entropy of that attention over the chunks, divided by log(chunks);
-- ``cached_share``: reused tokens over prompt tokens; ``chunks``: the number of reused chunks.
+- ``cached_share``: reused tokens over prompt tokens; ``chunks``: the number of reused chunks;
+- ``named_share``: the share of the reused tokens in the chunk the question names most (the
+  lexical selector's chunk score, ``lexical.chunk_scores``): a ratio itself (``SHARE_SIGNALS``),
+  so the budget recomputes that chunk whole, whatever its length.
 
 ``recording()`` collects every signal at each auto choice (for measurement: benchmarks/budget_eval.py).
 """
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import BUDGET_SIGNALS, AutoRatio
+from .lexical import named_share
 from .question import chunk_ids
 
 TOP_SHARE = 0.15  # ``concentration``: the share of the reused tokens whose deviation is summed
@@ -36,13 +40,16 @@ TOP_SHARE = 0.15  # ``concentration``: the share of the reused tokens whose devi
 class CheckView:
     """What the signals read at a check layer. v_fresh, v_cached: [Hkv, n, d] fp32 V of the n reused
     rows; attention: a callable giving [H, m, N] question-row attention (computed only when asked);
-    reused: [N] bool; chunks: [N] long, each reused token's chunk (-1 elsewhere)."""
+    reused: [N] bool; chunks: [N] long, each reused token's chunk (-1 elsewhere); ids: [N] the
+    prompt's token ids; asking: [N] bool, the question's rows."""
 
     v_fresh: torch.Tensor
     v_cached: torch.Tensor
     attention: Callable[[], torch.Tensor]
     reused: torch.Tensor
     chunks: torch.Tensor
+    ids: torch.Tensor
+    asking: torch.Tensor
 
     def deviation_per_token(self) -> torch.Tensor:
         return (self.v_fresh - self.v_cached).pow(2).sum(dim=(0, 2))  # [n]
@@ -88,6 +95,7 @@ SIGNALS: dict[str, Callable[[CheckView], float]] = {
     "attention_entropy": lambda view: chunk_spread(_attention_mass(view), view.chunks)[1],
     "cached_share": lambda view: float(view.reused.float().mean()),
     "chunks": lambda view: float(int(view.chunks.max()) + 1 if bool((view.chunks >= 0).any()) else 0),
+    "named_share": lambda view: named_share(view.ids[view.reused], view.chunks[view.reused], view.ids[view.asking]),
 }
 assert tuple(SIGNALS) == BUDGET_SIGNALS
 
@@ -131,6 +139,8 @@ def _view(at, check, rows) -> CheckView:
         attention=_cached(lambda: check._query_attention(at, rows)),
         reused=reused,
         chunks=chunk_ids(reused, check.inp.chunk_offsets),
+        ids=check.inp.ids,
+        asking=check.asking,
     )
 
 

@@ -21,6 +21,27 @@ from .question import chunk_ids
 from .selection import Candidates, DeviationSelector, _rank, _top
 
 
+def chunk_scores(ids: torch.Tensor, chunk: torch.Tensor, question_ids: torch.Tensor) -> torch.Tensor:
+    """[chunks] float: per chunk, the sum over the distinct ``question_ids`` it holds of
+    log(chunks / chunks holding that id). ``ids``, ``chunk``: [n] the reused tokens' ids and
+    chunks (0, 1, ... in prompt order)."""
+    n = int(chunk.max()) + 1 if chunk.numel() else 0
+    asked = question_ids.unique()  # [m']
+    found = (ids[:, None] == asked[None, :]).float()  # [n, m']
+    holds = torch.zeros(n, asked.numel(), device=chunk.device).index_add_(0, chunk, found) > 0  # [chunks, m']
+    df = holds.sum(0).clamp_min(1).float()  # chunks holding each question id
+    return (holds.float() * torch.log(n / df)).sum(1)  # [chunks]
+
+
+def named_share(ids: torch.Tensor, chunk: torch.Tensor, question_ids: torch.Tensor) -> float:
+    """The share of the ``n`` reused tokens held by the chunk the question names most (0 when it
+    names none): the budget that recomputes that chunk whole (``auto_signal="named_share"``)."""
+    scores = chunk_scores(ids, chunk, question_ids)
+    if scores.numel() == 0 or float(scores.max()) <= 0:
+        return 0.0
+    return float((chunk == int(scores.argmax())).sum()) / chunk.numel()
+
+
 @dataclass(frozen=True)
 class LexicalSelector:
     """What the question names: the chunks holding the question's tokens are recomputed whole,
@@ -43,12 +64,8 @@ class LexicalSelector:
         if cand.ids is None or cand.question_ids is None:
             raise ValueError("the lexical selector needs Candidates.ids and Candidates.question_ids")
         chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
-        n = int(chunk.max()) + 1 if chunk.numel() else 0
-        asked = cand.question_ids.unique()  # [m']
-        found = (cand.ids[:, None] == asked[None, :]).float()  # [n, m']
-        holds = torch.zeros(n, asked.numel(), device=chunk.device).index_add_(0, chunk, found) > 0  # [chunks, m']
-        df = holds.sum(0).clamp_min(1).float()  # chunks holding each question id
-        chunk_score = (holds.float() * torch.log(n / df)).sum(1)  # [chunks]
+        chunk_score = chunk_scores(cand.ids, chunk, cand.question_ids)  # [chunks]
+        n = chunk_score.numel()
         rank = torch.empty(n, dtype=torch.float32, device=chunk.device)
         rank[chunk_score.argsort(stable=True)] = torch.arange(n, dtype=torch.float32, device=chunk.device)
         prio = torch.where(chunk_score[chunk] > 0, 1.0 + rank[chunk], 0.0)  # better chunks higher, whole
