@@ -44,6 +44,7 @@ def family(name: str) -> tuple[str, float]:
         "full rotated": "full prefill, first passage moved last (reference)",
         "oracle": "oracle selection, warmed alone",
         "nb1 oracle": "oracle selection, default warming",
+        "nb1 lexical named": "lexical, budget = the named chunk (auto), default warming",
     }
     return names.get(name, name), 1.0 if name.startswith("full ") else 0.15
 
