@@ -5,10 +5,10 @@
     .venv/bin/python benchmarks/frontier.py --quick /tmp/frontier.png    # one committed run file
 
 One panel per argument; ``a.json+b.json`` is one panel from runs over the same questions (the same
-model, dataset, split and questions: a method both hold is taken from the first). x is the prefill speedup over full prefill (the median ratio measured in
-the same run as the quality, one thread), y the mean KL(full prefill || method) over the
-full-prefill answer (lower is better), and a second row the answer F1 against full prefill's
-answer. Lines join one warming setting across recompute ratios (5%, 15%, 30%); the best methods
+model, dataset, split and questions: a method both hold is taken from the first). x is the
+prefill speedup over full prefill (the median ratio measured in the same run as the quality, one
+thread), y the mean KL(full prefill || method) over the full-prefill answer (lower is better),
+and a second row the answer F1 against full prefill's answer. Lines join one warming setting across recompute ratios (5%, 15%, 30%); the best methods
 sit low and to the right.
 """
 

@@ -185,10 +185,9 @@ def corpus(dataset: str) -> list[str]:
     return sorted({p for ex in load_musique(dataset, 6) for p in ex.passages})
 
 
-def own_prompt_share(engine: BlendEngine, qs: list) -> float:
-    """The share of the run's passages whose nearest neighbour in ``engine``'s index is a passage of
-    a prompt holding them: how much of the neighbour warming's help retrieval's own pool gives."""
-    pool = sorted({p for q in qs for p in q.passages})
+def own_prompt_share(engine: BlendEngine, qs: list, pool: list[str]) -> float:
+    """The share of the run's passages (``pool``) whose nearest neighbour in ``engine``'s index is a
+    passage of a prompt holding them: how much of the neighbour warming's help retrieval's own pool gives."""
     together: dict[str, set[str]] = {p: set() for p in pool}
     for q in qs:
         for p in q.passages:
@@ -210,13 +209,14 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     for k in sorted(needed - {0}):
         engines[k] = BlendEngine(model, tok, config=BlendConfig(neighbours=k), memory_bytes=room)
     known = corpus(dataset) if pool_of == "corpus" else pool
+    for k in engines.keys() - {0}:  # the neighbour index holds the pool (or the corpus) before the warm picks from it
+        engines[k].kv.warmer.learn([], known)
+    if len(engines) > 1:  # every nbK engine's nearest neighbour is the same: measured once
+        share = own_prompt_share(engines[min(engines.keys() - {0})], qs, pool)
+        log(f"neighbours among {len(known)} passages: {share:.1%} of the run's are warmed behind their own prompt's")
+        if meta is not None:
+            meta.update(pool=pool_of, pool_passages=len(known), own_prompt_share=round(share, 4))
     for k, eng in engines.items():
-        if k:  # the neighbour index holds the pool (or the corpus) before the warm picks from it
-            eng.kv.warmer.learn([], known)
-            share = own_prompt_share(eng, qs)
-            log(f"neighbours among {len(known)} passages: {share:.1%} of the run's are warmed behind their own prompt's")
-            if meta is not None:
-                meta.update(pool=pool_of, pool_passages=len(known), own_prompt_share=round(share, 4))
         started = time.time()
         eng.warm(pool, progress=False)
         log(f"warmed {len(pool)} passages behind {k} neighbours in {time.time() - started:.0f} s", flush=True)

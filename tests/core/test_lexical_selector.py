@@ -13,9 +13,9 @@ from cacheblend import BlendConfig, LexicalSelector
 from cacheblend.blending.blend import blend_prefill
 from cacheblend.blending.lexical import chunk_scores, named_share
 from cacheblend.blending.question import chunk_ids
-from cacheblend.config import AutoRatio
 from cacheblend.blending.selection import Candidates, DeviationSelector, NoneSelector
 from cacheblend.blending.selectors import make_selector
+from cacheblend.config import AutoRatio
 
 from test_equivalence import CHUNKS, assembled, hf_reference, request
 
