@@ -35,6 +35,7 @@ from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import token_f1
 from runfile import DEFAULT_MODEL, RunRecord, add_common
 from cacheblend.prefilling import Prefiller
+from cacheblend.prompts.request import has_chat_template
 from cacheblend.blending.selection import (
     ChunkStartSelector,
     CombinedSelector,
@@ -47,6 +48,14 @@ from cacheblend.blending.selection import (
 PREFIX = "Answer briefly from the passages."
 DEV = DeviationSelector("v")
 STOP = [".", "\n"]
+
+
+def ask(tokenizer, question: str) -> str:
+    """The query text: the question itself for a chat model; for a base model (no chat template:
+    Gemma 3 270M) the completion cue "Question: ...\nAnswer:", without which it answers with a newline."""
+    return question if has_chat_template(tokenizer) else f"Question: {question}\nAnswer:"
+
+
 C = BlendConfig(neighbours=0)  # the methods without a "nbK" prefix warm chunks alone
 # name -> (config: schedule, ratio, fresh_check; selector: overrides config.selector when given)
 METHODS = {
@@ -231,7 +240,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
     started = time.time()
     for i, q in enumerate(qs):
-        req = dict(chunks=q.passages, query=q.question, prefix=PREFIX)
+        req = dict(chunks=q.passages, query=ask(tok, q.question), prefix=PREFIX)
         full = engine.prefill(**req, recompute_ratio=1.0)
         ref = engine.generate_from(full, max_new_tokens=answer_tokens, stop=STOP)
         _record(rows["full prefill"], (_right(ref.text, q.answers), True, 1.0, 1.0, 0.0, 1.0, 1.0))
