@@ -226,6 +226,8 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         if meta is not None:
             meta.update(pool=pool_of, pool_passages=len(known), own_prompt_share=round(share, 4))
     for k, eng in engines.items():
+        if k not in needed:  # engine 0 only runs full prefill here: nothing to warm
+            continue
         started = time.time()
         eng.warm(pool, progress=False)
         log(f"warmed {len(pool)} passages behind {k} neighbours in {time.time() - started:.0f} s", flush=True)

@@ -5,6 +5,7 @@ Each passage describes one invented town: a fact sentence among descriptive sent
 """
 
 import random
+from typing import NamedTuple
 
 POOL = [
     "{t} sits on a low hill above a wide valley of barley fields.",
@@ -72,3 +73,57 @@ def question(index: int) -> tuple[str, list[str]]:
 
 def correct(answer: str, answers: list[str]) -> bool:
     return any(a.lower() in answer.lower() for a in answers)
+
+
+ORDER = (5, 11, 0, 17, 3, 8)  # offsets from the question's passage: the fact is third
+REORDERED = ORDER[::-1]  # the same six passages in another order: the fact is fourth
+PREFIX = "Answer briefly from the passages."
+
+
+class Lookups(NamedTuple):
+    """Per setting: ``kl``, KL(full prefill || setting) along each full-prefill answer; ``kept``, how
+    many of the questions full prefill answers correctly the setting still answers correctly;
+    ``same``, on how many its greedy answer starts with full prefill's. ``full_ok``: how many full
+    prefill answers correctly."""
+
+    kl: dict[str, list[float]]
+    kept: dict[str, int]
+    same: dict[str, int]
+    full_ok: int
+
+
+def lookups(engine, settings: dict, answer_tokens: int = 24) -> Lookups:
+    """The 24 lookups on ``engine``, its whole pool warmed here in one call. ``settings`` maps a name
+    to (passage order, ``engine.prefill`` keywords), e.g. ``(ORDER, {"recompute_ratio": 0.0})`` for
+    full reuse of the same records."""
+    from cacheblend.tools.quality import answer_kl
+
+    texts = [passage(i) for i in range(len(FACTS))]
+    engine.warm(texts)
+    n = len(FACTS)
+    out = Lookups({name: [] for name in settings}, dict.fromkeys(settings, 0), dict.fromkeys(settings, 0), 0)
+    full_ok = 0
+    for i in range(n):
+        q, answers = question(i)
+
+        def req(order, q=q, i=i):
+            return dict(chunks=[texts[(i + k) % n] for k in order], query=q, prefix=PREFIX)
+
+        full = engine.prefill(**req(ORDER), recompute_ratio=1.0)
+        answer = engine.generate_from(full, max_new_tokens=answer_tokens)
+        ok = correct(answer.text, answers)
+        full_ok += ok
+        for name, (order, kw) in settings.items():
+            pre = engine.prefill(**req(order), **kw)
+            out.kl[name].append(answer_kl(full, pre, answer.token_ids))
+            same = _same_start(pre, answer.token_ids)
+            out.same[name] += same
+            # the same start holds the reference's right answer: no need to decode it again
+            out.kept[name] += ok and (same or correct(engine.generate_from(pre, max_new_tokens=answer_tokens).text, answers))
+    return out._replace(full_ok=full_ok)
+
+
+def _same_start(pre, ids) -> bool:
+    """Whether greedy decoding from ``pre`` starts with ``ids``: its argmax at every teacher-forced
+    step is the next one."""
+    return pre.continuation_logits(ids)[: len(ids)].argmax(-1).tolist() == list(ids)

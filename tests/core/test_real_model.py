@@ -15,7 +15,7 @@ import statistics
 
 import pytest
 import torch
-from facts import FACTS, correct, passage, question
+from facts import FACTS, ORDER, REORDERED, lookups
 
 from cacheblend.blending.blend import budget_for
 from cacheblend.tools.datasets import pydoc_passages
@@ -86,47 +86,17 @@ def test_deviation_selection_beats_full_reuse_and_random(fresh_real_engine, pydo
             assert mean_agree["deviation"] >= mean_agree["random"], mean_agree
 
 
-FACT_ORDER = (5, 11, 0, 17, 3, 8)  # offsets from the question's passage: the fact is third
-REORDERED = FACT_ORDER[::-1]  # the same six passages in another order: the fact is fourth
-
-
-def fact_lookups(engine) -> tuple[dict[str, list[float]], dict[str, int], int]:
-    """Per setting, KL(full prefill || setting) along each full-prefill answer, and how many of the
-    questions full prefill answers correctly the setting still answers correctly; and how many
-    full prefill answers correctly. Settings: the blend (the engine's default, 15%), full reuse of
-    the same records, and full prefill of the passages reordered."""
-    texts = [passage(i) for i in range(len(FACTS))]
-    engine.warm(texts)  # the pool: these 24 passages, in one call
-    n = len(FACTS)
-    kl = {"blend": [], "reuse": [], "reordered": []}
-    kept, full_ok = dict.fromkeys(kl, 0), 0
-    for i in range(n):
-        q, answers = question(i)
-
-        def req(order, q=q, i=i):
-            return dict(chunks=[texts[(i + k) % n] for k in order], query=q, prefix="Answer briefly from the passages.")
-
-        full = engine.prefill(**req(FACT_ORDER), recompute_ratio=1.0)
-        answer = engine.generate_from(full, max_new_tokens=24)
-        runs = {
-            "blend": engine.prefill(**req(FACT_ORDER)),
-            "reuse": engine.prefill(**req(FACT_ORDER), recompute_ratio=0.0),
-            "reordered": engine.prefill(**req(REORDERED), recompute_ratio=1.0),
-        }
-        ok = correct(answer.text, answers)
-        full_ok += ok
-        for name, pre in runs.items():
-            kl[name].append(answer_kl(full, pre, answer.token_ids))
-            kept[name] += ok and correct(engine.generate_from(pre, max_new_tokens=24).text, answers)
-    return kl, kept, full_ok
-
-
 def test_fact_lookups_blend_stays_closer_to_full_prefill_than_full_reuse_and_a_reordering(fresh_real_engine):
     """On 24 fictional-fact lookups (~750-token prompts, chunks warmed the default way: behind a
     neighbour, the first chunk's KV alone), the default blend is closer to full prefill than full
     reuse of the same records and than the same passages merely reordered, in KL along the
     full-prefill answer and in answers kept."""
-    kl, kept, full_ok = fact_lookups(fresh_real_engine())
+    settings = {
+        "blend": (ORDER, {}),
+        "reuse": (ORDER, {"recompute_ratio": 0.0}),
+        "reordered": (REORDERED, {"recompute_ratio": 1.0}),
+    }
+    kl, kept, _, full_ok = lookups(fresh_real_engine(), settings)
     mean = {k: statistics.mean(v) for k, v in kl.items()}
     print(f"full prefill right {full_ok}/{len(FACTS)}; kept {kept}; mean KL {mean}")
     assert full_ok >= len(FACTS) // 2, "the bundled model should answer most of these with full prefill"
@@ -231,22 +201,9 @@ def test_lexical_selection_is_closer_to_full_prefill_than_full_reuse_of_the_same
     from cacheblend import BlendConfig
 
     engine = fresh_real_engine()
-    texts = [passage(i) for i in range(len(FACTS))]
-    engine.warm(texts)
-    n = len(FACTS)
     configs = {"lexical": BlendConfig(selector="lexical"), "reuse": BlendConfig(ratios=(0.0,))}
-    configs = {name: cfg.with_kv_of(engine.config) for name, cfg in configs.items()}
-    kept, kl = dict.fromkeys(configs, 0), {k: [] for k in configs}
-    for i in range(n):
-        q, answers = question(i)
-        req = dict(chunks=[texts[(i + k) % n] for k in FACT_ORDER], query=q, prefix="Answer briefly from the passages.")
-        full = engine.prefill(**req, recompute_ratio=1.0)
-        answer = engine.generate_from(full, max_new_tokens=24)
-        ok = correct(answer.text, answers)
-        for name, cfg in configs.items():
-            pre = engine.prefill(**req, config=cfg)
-            kept[name] += ok and correct(engine.generate_from(pre, max_new_tokens=24).text, answers)
-            kl[name].append(answer_kl(full, pre, answer.token_ids))
+    settings = {name: (ORDER, {"config": cfg.with_kv_of(engine.config)}) for name, cfg in configs.items()}
+    kl, kept, _, _ = lookups(engine, settings)
     mean = {k: statistics.mean(v) for k, v in kl.items()}
     print(f"kept {kept}; mean KL {mean}")
     assert mean["lexical"] < 0.9 * mean["reuse"], mean
