@@ -115,6 +115,20 @@ def test_select_eval_quick(tmp_path, tiny_model_dir):
     assert data["methods"]["reuse"]["share"] < data["methods"]["deviation"]["share"] < 1.0
 
 
+def test_select_eval_asks_a_base_model_for_a_completion(tiny_model_dir, base_model_dir):
+    """A chat model gets the bare question (its template frames it); a base model (no chat
+    template: Gemma 3 270M) "Question: ...\nAnswer:", without which it answers with a newline."""
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        from select_eval import ask
+    finally:
+        sys.path.remove(str(BENCH))
+    assert ask(AutoTokenizer.from_pretrained(tiny_model_dir), "Who?") == "Who?"
+    assert ask(AutoTokenizer.from_pretrained(base_model_dir), "Who?") == "Question: Who?\nAnswer:"
+
+
 def test_neighbour_eval_quick(tmp_path, tiny_model_dir):
     rows = _quick("neighbour_eval.py", tmp_path, tiny_model_dir)["rows"]
     assert {(r["blend"], r["warmed_behind"]) for r in rows} == {
