@@ -205,6 +205,17 @@ class BlendConfig:
             return {self.check_layers[0]: self.auto()}
         return dict(zip(self.check_layers, self.ratios))
 
+    @classmethod
+    def for_model(cls, model: str, **fields) -> BlendConfig:
+        """The config ``model`` starts from: for a catalogue alias, the fields its reporting splits
+        chose (``models/catalog.py``, ``CatalogModel.blend``: Qwen 0.5B recomputes the chunk the
+        question names, docs/LEXICAL-SELECTOR.md), else the package default; ``fields`` override
+        either (``BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0)``)."""
+        from .models.catalog import MODELS
+
+        chosen = dict(MODELS[model].blend) if model in MODELS else {}
+        return cls(**(chosen | fields))
+
     def check_model_layers(self, num_layers: int) -> None:
         """ValueError when a check layer is past the last layer of a ``num_layers``-layer model."""
         if max(self.check_layers) >= num_layers:

@@ -74,8 +74,11 @@ class BlendEngine:
 
         device: ``cpu``, ``cuda`` (``cuda:N``) or ``auto``; dtype: None picks fp32 on CPU and bf16
         on CUDA. ``store_dir``: a KV store to attach (``attach_store``). ``options``: the
-        constructor's (``config``, ``memory_bytes``, ``warm_on_miss``, ...)."""
+        constructor's (``config``, ``memory_bytes``, ``warm_on_miss``, ...); without ``config``, a
+        catalogue alias starts from its own choice (``BlendConfig.for_model``)."""
         hf_model, tok = load_pretrained(str(model), device=device, dtype=dtype)
+        if options.get("config") is None:
+            options["config"] = BlendConfig.for_model(str(model))
         engine = cls(hf_model, tok, name=str(model), **options)
         if store_dir is not None:
             engine.attach_store(store_dir)

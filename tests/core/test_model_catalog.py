@@ -41,6 +41,23 @@ def test_every_pin_is_exact_and_the_qwen_parts_add_up_to_its_gguf():
         bundled.converted_dir("qwen")
 
 
+def test_qwen_starts_from_the_named_chunks_budget_and_every_other_model_from_the_default():
+    """A catalogue alias's config is the package default with the fields its reporting splits chose
+    (only Qwen's differ: the chunk the question names, recomputed whole); explicit fields win, and a
+    model the catalogue does not name gets the package default."""
+    from cacheblend import BlendConfig
+
+    qwen = BlendConfig.for_model("qwen2.5-0.5b-instruct")
+    assert (qwen.selector, qwen.auto_budget, qwen.auto_signal) == ("lexical", True, "named_share")
+    assert (qwen.auto_min_ratio, qwen.auto_max_ratio) == (0.05, 0.3)
+    assert qwen.kv_differences(BlendConfig()) == {}  # the same KV: one store serves both configs
+    assert BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0).neighbours == 0
+    assert BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="deviation", auto_budget=False).selector == "deviation"
+    for other in ("smollm2-135m-instruct", "gemma3-270m", "org/any-hf-model", "/a/local/folder"):
+        assert BlendConfig.for_model(other) == BlendConfig(), other
+    assert BlendConfig.for_model("gemma3-270m", ratios=(0.3,)).ratios == (0.3,)
+
+
 @pytest.mark.parametrize("alias", ["qwen2.5-0.5b-instruct", "gemma3-270m"])
 def test_the_installed_parts_assemble_to_the_published_checksum(alias, tmp_path):
     entry = catalog.MODELS[alias]

@@ -46,6 +46,8 @@ class CatalogModel:
     parts: tuple[Part, ...]  # concatenated in this order they are the GGUF
     sha256: str  # of the whole GGUF
     extras: tuple[str, ...] = ()  # pinned packages installed beside the parts (licence, notices)
+    # BlendConfig fields this model's reporting splits chose over the package default (``BlendConfig.for_model``)
+    blend: tuple[tuple[str, object], ...] = ()
 
     @property
     def size(self) -> int:
@@ -70,6 +72,13 @@ def _gemma_part(n: int, size: int, sha256: str) -> Part:
 
 _QWEN_PART = 89_128_960
 _GEMMA_PART = 63_963_136
+# Recompute the chunk the question names most, whole (5-30% of the reused tokens): on Qwen 0.5B's
+# reporting facts it keeps 39 of the 47 answers full prefill gets right (deviation 31), on its
+# MuSiQue 50-74 the same answer F1 (0.789); SmolLM2 and Gemma 3 gain nothing from it. The rule it
+# passed, set before that MuSiQue run, and the run files: docs/LEXICAL-SELECTOR.md.
+_NAMED_CHUNK = (("selector", "lexical"), ("auto_budget", True), ("auto_signal", "named_share"),
+                ("auto_min_ratio", 0.05), ("auto_max_ratio", 0.3))
+
 MODELS: dict[str, CatalogModel] = {m.alias: m for m in (
     CatalogModel(
         "smollm2-135m-instruct", "SmolLM2-135M-Instruct, Q4_1 (llama, 30 layers, chat template)",
@@ -88,6 +97,7 @@ MODELS: dict[str, CatalogModel] = {m.alias: m for m in (
             _qwen_part(6, 45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
         ),
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        blend=_NAMED_CHUNK,
     ),
     CatalogModel(
         "gemma3-270m", "Gemma 3 270M base, Q4_K_M (gemma3_text, 18 layers, no chat template)",
