@@ -62,3 +62,19 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     assert all(by[name]["recomputed_share"] == by["cacheblend 15%"]["recomputed_share"] for name in alone)
     assert by["full reuse"]["recomputed_share"] < by["cacheblend 15%"]["recomputed_share"] < 0.3
     assert (tmp_path / "b" / "bench.png").stat().st_size > 10_000
+
+
+def test_bench_methods_keep_cacheblend_deviation_and_add_an_auto_engines_own_budget(make_engine):
+    """With an engine whose default is the named chunk's budget (Qwen's catalogue choice), the bench
+    still runs CacheBlend with its own selector (deviation, chunks alone) and adds the engine's
+    per-request budget as "cacheblend auto"; fixed ratios keep the engine's selector."""
+    from cacheblend.tools.bench import methods
+
+    engine = make_engine(selector="lexical", auto_budget=True, auto_signal="named_share", neighbours=1)
+    table = methods(engine, (0.15,), baseline=make_engine())
+    assert table["CacheBlend 15% (chunks warmed alone)"][0].selector == "deviation"
+    assert table["EPIC chunk start 15% (alone)"][0].selector == "chunk_start"
+    assert table["cacheblend auto"][0] == engine.config
+    fixed = table["cacheblend 15%"][0]
+    assert (fixed.selector, fixed.auto_budget, fixed.recompute_ratio) == ("lexical", False, 0.15)
+    assert "cacheblend auto" not in methods(make_engine(), (0.15,))

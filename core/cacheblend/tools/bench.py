@@ -85,8 +85,10 @@ def methods(engine: BlendEngine, ratios: tuple[float, ...], baseline: BlendEngin
     out["full reuse"] = (replace(engine.config, ratios=(0.0,), check_layers=(1,)), engine)
     for r in ratios:
         out[f"cacheblend {round(r * 100)}%"] = (engine.config.with_ratio(r), engine)
-    if baseline is not None:
-        alone = replace(engine.config.with_ratio(0.15), neighbours=0)
+    if engine.config.auto_budget:  # the engine's own per-request budget (Qwen's default: the named chunk)
+        out["cacheblend auto"] = (engine.config, engine)
+    if baseline is not None:  # CacheBlend's own selector, whatever the engine's
+        alone = replace(engine.config.with_ratio(0.15), neighbours=0, selector="deviation")
         out["CacheBlend 15% (chunks warmed alone)"] = (alone, baseline)
         out["EPIC chunk start 15% (alone)"] = (replace(alone, selector="chunk_start"), baseline)
     return out
