@@ -32,7 +32,7 @@ from cacheblend.stores import chunk_key
 from cacheblend.stores.record import ChunkRecord
 from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from cacheblend.tools.factset import correct, questions
-from cacheblend.tools.quality import token_f1
+from cacheblend.tools.quality import mean_kl, token_f1
 from runfile import DEFAULT_MODEL, RunRecord, add_common
 from cacheblend.prefilling import Prefiller
 from cacheblend.prompts.request import has_chat_template
@@ -307,7 +307,7 @@ def _compare(p: torch.Tensor, pre, ids: list[int], ends_eos: bool, eos_ids) -> t
     every teacher-forced step is the reference token, then EOS where the reference ended so):
     if so, there is no need to decode again."""
     q = torch.log_softmax(pre.continuation_logits(ids), dim=-1)  # [T+1, vocab]
-    kl = float((p.exp() * (p - q)).sum(-1).clamp_min(0.0).mean())
+    kl = mean_kl(p, q)
     greedy = q.argmax(-1).tolist()
     top1 = sum(a == b for a, b in zip(greedy, ids)) / max(1, len(ids))
     same = greedy[: len(ids)] == list(ids) and (not ends_eos or greedy[-1] in eos_ids)

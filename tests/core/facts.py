@@ -96,13 +96,14 @@ def lookups(engine, settings: dict, answer_tokens: int = 24) -> Lookups:
     """The 24 lookups on ``engine``, its whole pool warmed here in one call. ``settings`` maps a name
     to (passage order, ``engine.prefill`` keywords), e.g. ``(ORDER, {"recompute_ratio": 0.0})`` for
     full reuse of the same records."""
-    from cacheblend.tools.quality import answer_kl
+    import torch
+
+    from cacheblend.tools.quality import mean_kl
 
     texts = [passage(i) for i in range(len(FACTS))]
     engine.warm(texts)
     n = len(FACTS)
-    out = Lookups({name: [] for name in settings}, dict.fromkeys(settings, 0), dict.fromkeys(settings, 0), 0)
-    full_ok = 0
+    kl, kept, same, full_ok = {name: [] for name in settings}, dict.fromkeys(settings, 0), dict.fromkeys(settings, 0), 0
     for i in range(n):
         q, answers = question(i)
 
@@ -111,19 +112,16 @@ def lookups(engine, settings: dict, answer_tokens: int = 24) -> Lookups:
 
         full = engine.prefill(**req(ORDER), recompute_ratio=1.0)
         answer = engine.generate_from(full, max_new_tokens=answer_tokens)
+        ids = answer.token_ids
+        p = torch.log_softmax(full.continuation_logits(ids), dim=-1)  # [T+1, vocab], once per question
         ok = correct(answer.text, answers)
         full_ok += ok
         for name, (order, kw) in settings.items():
             pre = engine.prefill(**req(order), **kw)
-            out.kl[name].append(answer_kl(full, pre, answer.token_ids))
-            same = _same_start(pre, answer.token_ids)
-            out.same[name] += same
+            logits = pre.continuation_logits(ids)  # one teacher-forced pass: the KL and the greedy start
+            kl[name].append(mean_kl(p, torch.log_softmax(logits, dim=-1)))
+            starts = logits[: len(ids)].argmax(-1).tolist() == list(ids)  # greedy decoding starts with ``ids``
+            same[name] += starts
             # the same start holds the reference's right answer: no need to decode it again
-            out.kept[name] += ok and (same or correct(engine.generate_from(pre, max_new_tokens=answer_tokens).text, answers))
-    return out._replace(full_ok=full_ok)
-
-
-def _same_start(pre, ids) -> bool:
-    """Whether greedy decoding from ``pre`` starts with ``ids``: its argmax at every teacher-forced
-    step is the next one."""
-    return pre.continuation_logits(ids)[: len(ids)].argmax(-1).tolist() == list(ids)
+            kept[name] += ok and (starts or correct(engine.generate_from(pre, max_new_tokens=answer_tokens).text, answers))
+    return Lookups(kl, kept, same, full_ok)

@@ -24,7 +24,12 @@ def answer_kl(reference: Prefilled, candidate: Prefilled, answer_ids: Sequence[i
     Each term is clamped at 0: KL is never negative, and identical distributions computed along
     different kernels (e.g. the prefix-cache path) give float noise of either sign."""
     p = torch.log_softmax(reference.continuation_logits(answer_ids), dim=-1)  # [T, vocab]
-    q = torch.log_softmax(candidate.continuation_logits(answer_ids), dim=-1)
+    return mean_kl(p, torch.log_softmax(candidate.continuation_logits(answer_ids), dim=-1))
+
+
+def mean_kl(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Mean over rows of KL(p || q), from log-probabilities [T, vocab]; each term clamped at 0
+    (``answer_kl``). For callers that already hold the reference's log-probs."""
     return float((p.exp() * (p - q)).sum(-1).clamp_min(0.0).mean())
 
 
