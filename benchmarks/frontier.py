@@ -29,6 +29,9 @@ def family(name: str) -> tuple[str, float]:
     m = re.fullmatch(r"(nb\d+ )?lexical(?: (\d+)%)?", name)
     if m:
         return ("lexical, default warming" if m.group(1) else "lexical, warmed alone"), int(m.group(2) or 15) / 100
+    m = re.fullmatch(r"nb1 lexical named(?: max(\d+))?", name)
+    if m:  # the named chunk's budget, ordered along its curve by its cap (auto_max_ratio: 30% unless named)
+        return "lexical, budget = the named chunk (auto, capped), default warming", int(m.group(1) or 30) / 100
     m = re.fullmatch(r"(nb\d+ )?(plain )?(deviation|reuse)(?: (\d+)%)?", name)
     if m:
         k = m.group(1).strip()[2:] if m.group(1) else "0"
@@ -44,7 +47,6 @@ def family(name: str) -> tuple[str, float]:
         "full rotated": "full prefill, first passage moved last (reference)",
         "oracle": "oracle selection, warmed alone",
         "nb1 oracle": "oracle selection, default warming",
-        "nb1 lexical named": "lexical, budget = the named chunk (auto), default warming",
     }
     return names.get(name, name), 1.0 if name.startswith("full ") else 0.15
 

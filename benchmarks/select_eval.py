@@ -171,6 +171,8 @@ for _r in (5, 15, 20, 30):
 # the budget the question names: exactly the chunk it names most, whole (5% when it names none)
 METHODS["nb1 lexical named"] = (BlendConfig(selector="lexical", auto_budget=True, auto_signal="named_share",
                                             auto_min_ratio=0.05, auto_max_ratio=0.3), None)
+for _cap in (10, 15, 20):  # the same, capped: a named chunk over the cap gets its top-deviation tokens only
+    METHODS[f"nb1 lexical named max{_cap}"] = (replace(METHODS["nb1 lexical named"][0], auto_max_ratio=_cap / 100), None)
 for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budget, deviation the rest
     METHODS[f"nb1 lexical share {_share}"] = (BlendConfig(selector="lexical", lexical_share=_share), None)
 

@@ -196,6 +196,8 @@ def test_frontier_panel_merges_runs_over_the_same_questions_and_refuses_others(t
     assert family("nb1 lexical 30%") == ("lexical, default warming", 0.3)
     assert family("lexical") == ("lexical, warmed alone", 0.15)
     assert family("nb1 deviation 5%")[1] == 0.05
+    named = family("nb1 lexical named")  # the named chunk's budget and its capped variants: one curve
+    assert named[1] == 0.3 and family("nb1 lexical named max15") == (named[0], 0.15)
 
 
 DEDICATED = {"facts.py", "exact_prompts.py", "store_bench.py", "select_eval.py", "neighbour_eval.py", "tune.py",
