@@ -55,9 +55,9 @@ def panel(spec: str) -> dict:
     """One panel's data: the run file ``spec``, or ``a.json+b.json``, runs over the same questions
     merged (a method both hold comes from the first; a clear error if they are not the same set)."""
     runs = [json.loads(Path(path).read_text()) for path in spec.split("+")]
-    same = {(r.get("run", {}).get("model") or DEFAULT_MODEL, *(r["meta"].get(k) for k in ("dataset", "split", "start", "count"))) for r in runs}
+    same = {(r.get("run", {}).get("model") or DEFAULT_MODEL, *(r["meta"].get(k) for k in ("dataset", "split", "start", "count", "target"))) for r in runs}
     if len(same) != 1:
-        raise SystemExit(f"{spec}: the runs of one panel must share model, dataset, split, start and count: {sorted(map(str, same))}")
+        raise SystemExit(f"{spec}: the runs of one panel must share model, dataset, split, start, count and target: {sorted(map(str, same))}")
     methods: dict = {}
     for r in runs:
         for name, row in r["methods"].items():

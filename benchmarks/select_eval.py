@@ -177,16 +177,26 @@ for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budge
     METHODS[f"nb1 lexical share {_share}"] = (BlendConfig(selector="lexical", lexical_share=_share), None)
 
 
-def examples(dataset: str, split: str, count: int, engine, start: int = 0) -> list:
+def examples(dataset: str, split: str, count: int, engine, start: int = 0, target: str = "any") -> list:
     """Question/passages/answers examples of ``dataset`` for ``split`` (dev or report only), from
-    the split's ``start``-th example on."""
+    the split's ``start``-th example on. ``target="first"`` (facts only): the passage holding the
+    answer is moved to the front, the others keep their order (the prompt's first chunk reads its
+    lead record: how much recomputing it is worth)."""
     if dataset == "facts":
-        return questions(split, start + count)[start:]
+        qs = questions(split, start + count)[start:]
+        return [_target_first(q) for q in qs] if target == "first" else qs
+    if target != "any":
+        raise SystemExit("--target first needs --dataset facts (the passage holding the answer is known there)")
     if dataset == "pydoc":  # seed 1 is the development split, seed 0 the reporting split
         passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
         return pydoc_workload(passages, start + count, 6, seed=1 if split == "dev" else 0)[start:]
     data = load_musique(dataset, 6)  # examples 0-49 are the development split, 50-149 reporting
     return (data[:50] if split == "dev" else data[50:150])[start : start + count]
+
+
+def _target_first(q):
+    rest = [p for i, p in enumerate(q.passages) if i != q.target]
+    return replace(q, passages=[q.passages[q.target], *rest], target=0)
 
 
 def corpus(dataset: str) -> list[str]:
@@ -208,12 +218,12 @@ def own_prompt_share(engine: BlendEngine, qs: list, pool: list[str]) -> float:
 
 
 def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print, start: int = 0,
-        model: str = DEFAULT_MODEL, pool_of: str = "run", meta: dict | None = None) -> dict[str, dict]:
+        model: str = DEFAULT_MODEL, pool_of: str = "run", meta: dict | None = None, target: str = "any") -> dict[str, dict]:
     shared = shared_engine(model)
     model, tok = shared.adapter.model, shared.tokenizer
     room = 8 << 30  # every chunk of a large pool stays in memory (MuSiQue's 30 prompts hold ~2.2 GB of fp16 KV)
     engine = BlendEngine(model, tok, config=C, memory_bytes=room)  # chunks alone
-    qs = examples(dataset, split, count, engine, start)
+    qs = examples(dataset, split, count, engine, start, target)
     pool = sorted({p for q in qs for p in q.passages})
     engines = {0: engine}
     needed = {METHODS[n][0].neighbours for n in names} | {k for n in names for k in LADDERS.get(n, ())}
@@ -375,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--answer-tokens", type=int, default=20)
     ap.add_argument("--pool", default="run", choices=("run", "corpus"),
                     help="where the nbK engines find neighbours: the run's passages, or every passage of the MuSiQue file")
+    ap.add_argument("--target", default="any", choices=("any", "first"),
+                    help="facts: where the passage holding the answer is (first: moved to the front)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 suits shared CPUs)")
     ap.add_argument("--json", dest="run_file", default=None,
                     help="the same as --run-file: the per-method means with the run's metadata (benchmarks/frontier.py plots them)")
@@ -407,11 +419,13 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     pooled: dict = {}
     rows = run(args.dataset, args.split, args.count, names, args.answer_tokens, start=args.start, model=args.model,
-               pool_of=args.pool, meta=pooled)
+               pool_of=args.pool, meta=pooled, target=args.target)
     summary, count = summarize(rows), len(rows["full prefill"]["kl"])
     print(table(summary, count))
     print(f"{args.dataset}, {args.split} split, {time.time() - started:.0f} s")
     meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": count, **pooled}
+    if args.target != "any":
+        meta["target"] = args.target
     record.write(args.run_file, {"meta": meta, "methods": summary})
 
 

@@ -129,6 +129,25 @@ def test_select_eval_asks_a_base_model_for_a_completion(tiny_model_dir, base_mod
     assert ask(AutoTokenizer.from_pretrained(base_model_dir), "Who?") == "Question: Who?\nAnswer:"
 
 
+def test_select_eval_can_move_the_answers_passage_first():
+    """``--target first``: the fact set's passage holding the answer leads the prompt, the others
+    keep their order; a dataset whose answer passage is not known refuses it."""
+    from cacheblend.tools.factset import questions
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        from select_eval import examples
+    finally:
+        sys.path.remove(str(BENCH))
+    plain, first = questions("dev", 12), examples("facts", "dev", 12, None, target="first")
+    assert any(q.target != 0 for q in plain)
+    for q, f in zip(plain, first):
+        assert f.target == 0 and f.passages[0] == q.passages[q.target] and f.question == q.question
+        assert f.passages[1:] == [p for i, p in enumerate(q.passages) if i != q.target]
+    with pytest.raises(SystemExit, match="needs --dataset facts"):
+        examples("pydoc", "dev", 1, None, target="first")
+
+
 def test_neighbour_eval_quick(tmp_path, tiny_model_dir):
     rows = _quick("neighbour_eval.py", tmp_path, tiny_model_dir)["rows"]
     assert {(r["blend"], r["warmed_behind"]) for r in rows} == {
