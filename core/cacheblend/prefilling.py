@@ -62,7 +62,11 @@ class Prefiller:
         t = time.perf_counter()
         records = list(self.records([c.ids for c in chunks])) if chunks else []
         lookup_s = time.perf_counter() - t
-        asm = assemble(request.text, request.encoding, chunks, records, self.adapter.device)
+        # the first chunk reads a record warmed behind the chunk context alone: its lead record, or any
+        # record of an engine warming alone (a lead record lost from every tier while its plain one
+        # stayed would be read in its place and still count: the selector then skips a chunk it could help)
+        first_alone = cfg.neighbours == 0 or cfg.lead_alone
+        asm = assemble(request.text, request.encoding, chunks, records, self.adapter.device, first_alone)
         asm.load_s += lookup_s  # reading the records, then gathering them (assemble's part)
         selector = self.selector if self.selector is not None else make_selector(cfg)
         t = time.perf_counter()

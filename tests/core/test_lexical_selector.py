@@ -11,13 +11,16 @@ import torch
 
 from cacheblend import BlendConfig, LexicalSelector
 from cacheblend.blending.blend import blend_prefill
-from cacheblend.blending.lexical import chunk_scores, named_share
+from cacheblend.blending.lexical import chunk_scores, named_chunk, named_share
 from cacheblend.blending.question import chunk_ids
 from cacheblend.blending.selection import Candidates, DeviationSelector, NoneSelector
 from cacheblend.blending.selectors import make_selector
 from cacheblend.config import AutoRatio
 
-from test_equivalence import CHUNKS, assembled, hf_reference, request
+from cacheblend.prompts.assemble import assemble, chunk_encodings
+from cacheblend.prompts.tokenize import encode_prompt
+
+from test_equivalence import CHUNKS, QUESTION, assembled, hf_reference, request
 
 # three chunks; id 5 is in every chunk, 99 only in the second, 77 and 78 only in the third
 IDS = [5, 11, 12, 13, 5, 99, 21, 5, 77, 78]
@@ -146,3 +149,58 @@ def test_the_named_share_budget_recomputes_exactly_the_named_chunk_whole(make_en
     assert out.recomputed == inp.ids.shape[0] - reused + named.numel()
     bounded = blend_prefill(engine.adapter, inp, LexicalSelector(), {1: AutoRatio("named_share", 0.0, 0.1, 0.0)})
     assert bounded.ratio == 0.1  # within the bounds
+
+
+def test_the_first_chunk_read_alone_is_named_by_no_question():
+    """Full prefill computes the prompt's first passage behind the prompt's head only, as its KV
+    warmed alone was: a question naming it names nothing recomputing helps (``first_alone``), so
+    the named share is 0 and the lexical selector spends the budget by deviation. Any other
+    chunk named stays named."""
+    ids, chunk = torch.tensor(IDS), torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
+    first = torch.tensor([11, 12])  # only the first chunk holds them
+    assert named_chunk(chunk_scores(ids, chunk, first)) == 0
+    assert named_chunk(chunk_scores(ids, chunk, first), first_alone=True) is None
+    assert named_share(ids, chunk, first) == pytest.approx(0.4)
+    assert named_share(ids, chunk, first, first_alone=True) == 0.0
+    assert named_share(ids, chunk, torch.tensor([99]), first_alone=True) == pytest.approx(0.3)
+    assert named_chunk(chunk_scores(ids, chunk, torch.tensor([5])), first_alone=False) is None  # names none
+    low_first = torch.tensor(DEVIATION[::-1]).sqrt().view(1, len(IDS), 1)  # deviation alone picks the last chunk
+    named = Candidates(**{**candidates([11, 12]).__dict__, "fresh_v": low_first})
+    alone = Candidates(**{**named.__dict__, "first_alone": True})
+    assert picked(named, 4) == [0, 1, 2, 3]
+    assert picked(alone, 4) == picked(alone, 4, DeviationSelector("v")) == [6, 7, 8, 9]
+    second = Candidates(**{**candidates([99]).__dict__, "first_alone": True})
+    assert picked(second, 3) == [4, 5, 6]  # the second chunk named: whole, as without the flag
+
+
+def test_assemble_says_first_alone_only_when_the_first_chunk_is_read(make_engine):
+    engine = make_engine("llama")
+    engine.warm(CHUNKS)
+    text = request(engine, (0, 1, 2))
+    encoding, chunks = encode_prompt(engine.tokenizer, text.text), chunk_encodings(text, engine.kv.encode)
+    records = engine.kv.records([c.ids for c in chunks])
+    device = engine.adapter.device
+    assert assemble(text, encoding, chunks, records, device, first_alone=True).input.first_alone
+    assert not assemble(text, encoding, chunks, records, device).input.first_alone
+    missed = assemble(text, encoding, chunks, [None, *records[1:]], device, first_alone=True)
+    assert missed.misses == 1 and not missed.input.first_alone  # the first reused chunk is the prompt's second
+
+
+@pytest.mark.parametrize("lead_alone", [True, False])
+def test_the_named_budget_skips_the_first_chunk_when_its_kv_was_warmed_alone(make_engine, lead_alone):
+    """An engine warming behind neighbours with lead records reads the prompt's first chunk warmed
+    alone: a question naming it gets the lower bound; without lead records (every chunk behind
+    its neighbour) or with the named chunk second, the named chunk's share."""
+    low, high = 0.05, 0.9
+    engine = make_engine("llama", neighbours=1, lead_alone=lead_alone, selector="lexical", auto_budget=True,
+                         auto_signal="named_share", auto_min_ratio=low, auto_max_ratio=high)
+    engine.warm(CHUNKS)
+    first = engine.prefill(chunks=CHUNKS, query=QUESTION).stats  # "what colour was the ink?": CHUNKS[0]
+    second = engine.prefill(chunks=[CHUNKS[1], CHUNKS[0], CHUNKS[2]], query=QUESTION).stats
+    assert first.chunk_hits == second.chunk_hits == 3
+    ink = len(engine.kv.encode(CHUNKS[0]).ids)
+    assert second.recompute_ratio == pytest.approx(ink / second.hit_tokens, abs=2 / second.hit_tokens)  # edge tokens
+    if lead_alone:
+        assert first.recompute_ratio == low and first.recomputed_tokens < second.recomputed_tokens
+    else:
+        assert first.recompute_ratio == pytest.approx(ink / first.hit_tokens, abs=2 / first.hit_tokens)

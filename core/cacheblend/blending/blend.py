@@ -46,12 +46,15 @@ class BlendInput:
         layer is cast to the compute dtype when used); rows of uncached tokens are ignored. None
         when nothing is reused. It may live on the host: ``LayerFeed`` moves it layer by layer.
     chunk_offsets: [N] index of each token inside its chunk (0 for uncached tokens).
+    first_alone: the first reused chunk is the prompt's first, its KV warmed behind the chunk context
+        alone (a lead record, or chunks warmed alone): the lexical selector does not name it (``named_chunk``).
     """
 
     ids: torch.Tensor
     reused: torch.Tensor
     cached: torch.Tensor | None
     chunk_offsets: torch.Tensor
+    first_alone: bool = False
 
 
 @dataclass
@@ -84,13 +87,8 @@ def budget_for(ratio: float, num_reused: int) -> int:
 
 
 @torch.inference_mode()
-def blend_prefill(
-    model: ModelAdapter,
-    inp: BlendInput,
-    selector: Selector,
-    schedule: dict[int, float],
-    fresh_check: bool = False,
-) -> BlendOutput:
+def blend_prefill(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
+                  fresh_check: bool = False) -> BlendOutput:
     """Runs the blended prefill. ``schedule`` maps check layer -> ratio of reused tokens kept.
 
     ``fresh_check``: at a check layer every row still active has fresh K/V already (they were
@@ -277,6 +275,7 @@ class _Check:
                 query_attention=self._query_attention(at, rows)[:, :, tokens] if needs else None,
                 question_score=None if self.question_score is None else self.question_score[tokens],
                 ids=self.inp.ids[tokens], question_ids=self.inp.ids[self.asking],
+                first_alone=self.inp.first_alone,
             ),
             budget,
         )

@@ -14,8 +14,9 @@ ratio in [min_ratio, max_ratio]. The signals (``SIGNALS``, names in ``config.BUD
 - ``attention_entropy``: the entropy of that attention over the chunks, divided by log(chunks);
 - ``cached_share``: reused tokens over prompt tokens; ``chunks``: the number of reused chunks;
 - ``named_share``: the share of the reused tokens in the chunk the question names most (the
-  lexical selector's chunk score, ``lexical.chunk_scores``): a ratio itself (``SHARE_SIGNALS``),
-  so the budget recomputes that chunk whole, whatever its length.
+  lexical selector's chunk score, ``lexical.chunk_scores``; 0, hence the lower bound, when that
+  chunk is the prompt's first read alone: ``lexical.named_chunk``): a ratio itself
+  (``SHARE_SIGNALS``), so the budget recomputes that chunk whole, whatever its length.
 
 ``recording()`` collects every signal at each auto choice (for measurement: benchmarks/budget_eval.py).
 """
@@ -41,7 +42,7 @@ class CheckView:
     """What the signals read at a check layer. v_fresh, v_cached: [Hkv, n, d] fp32 V of the n reused
     rows; attention: a callable giving [H, m, N] question-row attention (computed only when asked);
     reused: [N] bool; chunks: [N] long, each reused token's chunk (-1 elsewhere); ids: [N] the
-    prompt's token ids; asking: [N] bool, the question's rows."""
+    prompt's token ids; asking: [N] bool, the question's rows; first_alone: ``BlendInput.first_alone``."""
 
     v_fresh: torch.Tensor
     v_cached: torch.Tensor
@@ -50,6 +51,7 @@ class CheckView:
     chunks: torch.Tensor
     ids: torch.Tensor
     asking: torch.Tensor
+    first_alone: bool = False
 
     def deviation_per_token(self) -> torch.Tensor:
         return (self.v_fresh - self.v_cached).pow(2).sum(dim=(0, 2))  # [n]
@@ -95,7 +97,8 @@ SIGNALS: dict[str, Callable[[CheckView], float]] = {
     "attention_entropy": lambda view: chunk_spread(_attention_mass(view), view.chunks)[1],
     "cached_share": lambda view: float(view.reused.float().mean()),
     "chunks": lambda view: float(int(view.chunks.max()) + 1 if bool((view.chunks >= 0).any()) else 0),
-    "named_share": lambda view: named_share(view.ids[view.reused], view.chunks[view.reused], view.ids[view.asking]),
+    "named_share": lambda view: named_share(view.ids[view.reused], view.chunks[view.reused], view.ids[view.asking],
+                                            view.first_alone),
 }
 assert tuple(SIGNALS) == BUDGET_SIGNALS
 
@@ -141,6 +144,7 @@ def _view(at, check, rows) -> CheckView:
         chunks=chunk_ids(reused, check.inp.chunk_offsets),
         ids=check.inp.ids,
         asking=check.asking,
+        first_alone=check.inp.first_alone,
     )
 
 

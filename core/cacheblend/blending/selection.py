@@ -35,6 +35,8 @@ class Candidates:
         (``QuestionSelector.fuse``); None in the one-pass blend.
     ids: [n] the candidates' token ids; question_ids: [m] those of the question's rows (the
         uncached rows after the last reused token). None where a caller builds candidates without.
+    first_alone: ``BlendInput.first_alone`` (the first candidates' chunk is the prompt's first,
+        its KV computed behind the chunk context alone).
     """
 
     layer: int
@@ -48,6 +50,7 @@ class Candidates:
     question_score: torch.Tensor | None = None
     ids: torch.Tensor | None = None
     question_ids: torch.Tensor | None = None
+    first_alone: bool = False
 
 
 class Selector(Protocol):

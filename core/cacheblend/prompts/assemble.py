@@ -78,11 +78,14 @@ def assemble(
     chunks: list[Encoding],
     records: list[ChunkRecord | None],
     device: torch.device,
+    first_alone: bool = False,
 ) -> Assembled:
     """The blend input of ``prompt`` (tokenized as ``encoding``) from data only: ``chunks`` the
     encodings of its chunk spans and ``records`` what the stores hold for each (None: a miss), in
     prompt order. Empty lists for a full prefill (nothing is read). The cached tensor holds zeros
     in uncached rows; ``load_s`` counts the gather here (the caller adds its lookup time).
+    ``first_alone``: the first chunk's record, if it is read, was computed behind the chunk context
+    alone; ``BlendInput.first_alone`` says so only when that chunk is read (some of its rows reused).
     """
     n = len(encoding.ids)
     if n == 0:
@@ -92,12 +95,14 @@ def assemble(
     spans = list(prompt.chunks) if chunks else []
     found: list[tuple[ChunkRecord, list[int], list[int]]] = []
     hits = misses = 0
-    for span, chunk, record in zip(spans, chunks, records):
+    first_read = False
+    for i, (span, chunk, record) in enumerate(zip(spans, chunks, records)):
         hits, misses = hits + (record is not None), misses + (record is None)
         if record is not None:
             rows, chunk_rows = aligned_rows(encoding, span, chunk)
             if rows:
                 found.append((record, rows, chunk_rows))
+                first_read = first_read or i == 0
     t = time.perf_counter()
     reused = torch.zeros(n, dtype=torch.bool)
     offsets = torch.zeros(n, dtype=torch.long)
@@ -111,6 +116,7 @@ def assemble(
         reused=reused.to(device),
         cached=cached,
         chunk_offsets=offsets.to(device),
+        first_alone=first_alone and first_read,
     )
     return Assembled(blend_input, hits, misses, int(reused.sum()), load_s)
 
