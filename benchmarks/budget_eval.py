@@ -79,7 +79,7 @@ def request_rows(engine, dataset: str, qs: list, ratios: list[float], answer_tok
                 first15 = pre.output.logits.float()
             else:
                 pre = engine.prefill(**req, recompute_ratio=r)
-            kl, top1, same = _compare(p, pre, ids, ends_eos, engine.eos_ids)
+            kl, top1, same, _ = _compare(p, pre, ids, ends_eos, engine.eos_ids)
             row["ratios"][str(r)] = {"same": same, "kl": kl, "top1": top1,
                                      "share": pre.stats.recomputed_tokens / pre.stats.prompt_tokens}
             row.setdefault("reused_tokens", pre.stats.hit_tokens)
@@ -184,7 +184,7 @@ def run_policies(engine, qs_by_set: dict, rows: list[dict], policies: list[tuple
             p, ids, ends_eos, _, _ = reference(engine, q, answer_tokens, refs, (row["set"], row["index"]))
             pre = engine.prefill(chunks=q.passages, query=q.question, prefix=PREFIX, config=cfg)
             ratio = pre.output.ratio if pre.output.ratio is not None else 0.0
-            kl, top1, same = _compare(p, pre, ids, ends_eos, engine.eos_ids)
+            kl, top1, same, _ = _compare(p, pre, ids, ends_eos, engine.eos_ids)
             got.append({"same": same, "kl": kl, "share": pre.stats.recomputed_tokens / pre.stats.prompt_tokens})
             picks.append(ratio)
             known = row["ratios"].get(str(ratio))

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             warm_behind(engine, q, mode, k, pool, primers)
             for name, cfg in CONFIGS.items():
                 pre = engine.prefill(**req, config=cfg.with_kv_of(engine.config))
-                kl, top1, _ = _compare(p, pre, ref.token_ids, False, engine.eos_ids)
+                kl, top1, _, _ = _compare(p, pre, ref.token_ids, False, engine.eos_ids)
                 res.setdefault((name, mode, k), []).append((kl, top1))
     print("| blend | warmed behind | mean KL | top-1 agreement |\n|---|---|---|---|")
     rows = []

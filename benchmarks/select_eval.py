@@ -130,6 +130,14 @@ for _ladder in ("0-1", "0-2", "0-1-2", "1-2"):
 MIXES = {f"nb1 mix {_a}": _a for _a in (0.5, 1.5, 2.0)}
 for _name in MIXES:
     METHODS[_name] = METHODS["nb1 deviation"]
+# which record a chunk reads, by where its nearest neighbour (the passage its record was warmed
+# behind) is: "nb1 present ..." = every chunk after the first reads its record warmed behind its
+# neighbour only if that neighbour is in the prompt, else its lead record (warmed alone); "nb1 before
+# ..." = only if the neighbour precedes it in the prompt (the context full prefill gives it)
+PRESENT: dict[str, bool] = {}
+for _where in ("present", "before"):
+    for _how in ("deviation", "reuse", "lexical named"):
+        PRESENT[f"nb1 {_where} {_how}"] = _where == "before"
 # sensitivity references, not blends: full prefill of the same passages in another order (how far
 # a 135M model's answer moves when nothing but the passage order changes)
 REORDERS = {
@@ -171,10 +179,22 @@ for _r in (5, 15, 20, 30):
 # the budget the question names: exactly the chunk it names most, whole (5% when it names none)
 METHODS["nb1 lexical named"] = (BlendConfig(selector="lexical", auto_budget=True, auto_signal="named_share",
                                             auto_min_ratio=0.05, auto_max_ratio=0.3), None)
+for _name in PRESENT:
+    METHODS[_name] = METHODS[_name.replace(" present", "").replace(" before", "")]
 for _cap in (10, 15, 20):  # the same, capped: a named chunk over the cap gets its top-deviation tokens only
     METHODS[f"nb1 lexical named max{_cap}"] = (replace(METHODS["nb1 lexical named"][0], auto_max_ratio=_cap / 100), None)
 for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budget, deviation the rest
     METHODS[f"nb1 lexical share {_share}"] = (BlendConfig(selector="lexical", lexical_share=_share), None)
+
+
+def doubt_method(name: str) -> bool:
+    """Registers "<method> doubt <t>" (the doubt gate at margin t over that method's config: where its
+    answer is unsure, a full prefill takes over; docs/DOUBT-GATE.md) when <method> is known."""
+    base, sep, margin = name.rpartition(" doubt ")
+    if not sep or base not in METHODS or METHODS[base][1] is not None:
+        return False
+    METHODS[name] = (replace(METHODS[base][0], doubt_margin=float(margin)), None)
+    return True
 
 
 def examples(dataset: str, split: str, count: int, engine, start: int = 0, target: str = "any") -> list:
@@ -245,20 +265,24 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         log(f"warmed {len(pool)} passages behind {k} neighbours in {time.time() - started:.0f} s", flush=True)
     ladders = {n: _ladder_records(LADDERS[n], engines) for n in names if n in LADDERS}  # records functions
     ladders.update({n: _mix_records(MIXES[n], engines[1]) for n in names if n in MIXES})
+    if any(n in PRESENT for n in names):
+        placed = _placed_records(engines[1], pool)
+        ladders.update({n: placed(PRESENT[n]) for n in names if n in PRESENT})
     views = {}  # plain methods: an engine without lead records over the same stores
     for n in names:
         if METHODS[n][0].neighbours and not METHODS[n][0].lead_alone:
             views[n] = BlendEngine(model, tok, config=METHODS[n][0], memory_bytes=1 << 20)
             views[n].kv.stores = engines[METHODS[n][0].neighbours].kv.stores
-    keys = ("right", "agree", "f1", "top1", "kl", "share", "time")
+    keys = ("right", "agree", "f1", "top1", "kl", "share", "time", "margin", "margin_min")
     rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
     started = time.time()
     for i, q in enumerate(qs):
         req = dict(chunks=q.passages, query=ask(tok, q.question), prefix=PREFIX)
         full = engine.prefill(**req, recompute_ratio=1.0)
         ref = engine.generate_from(full, max_new_tokens=answer_tokens, stop=STOP)
-        _record(rows["full prefill"], (_right(ref.text, q.answers), True, 1.0, 1.0, 0.0, 1.0, 1.0))
         p = torch.log_softmax(full.continuation_logits(ref.token_ids), dim=-1)  # [T+1, vocab]
+        _record(rows["full prefill"], (_right(ref.text, q.answers), True, 1.0, 1.0, 0.0, 1.0, 1.0,
+                                       *_margins(p, len(ref.token_ids))))
         ends_eos = ref.stats.finish_reason == "stop" and p[-1].argmax().item() in engine.eos_ids
         for name in names:
             cfg, sel = METHODS[name]
@@ -269,12 +293,24 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
                     engine.request(**req)))
             asked = dict(req, chunks=REORDERS[name](q.passages)) if name in REORDERS else req
             pre = Prefiller(eng.adapter, eng.kv.encode, records, cfg, sel).run(engine.request(**asked))
-            kl, top1, same = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
-            text = ref.text if same else engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP).text
-            share = pre.stats.recomputed_tokens / pre.stats.prompt_tokens
+            kl, top1, same, q_ref = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
+            spent = pre.stats.recomputed_tokens
+            if pre.doubt is not None:  # the gate: its own answer, its own path along the reference
+                gen = engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP)
+                kl, top1 = _gated(p, pre, q_ref, ref.token_ids)
+                same = gen.text.strip() == ref.text.strip()
+                spent = gen.stats.recomputed_tokens + gen.stats.redone_tokens
+            if same:
+                text, own = ref.text, _margins(q_ref, len(ref.token_ids))
+            else:
+                gen = engine.generate_from(pre, max_new_tokens=answer_tokens, stop=STOP)
+                text = gen.text
+                own = _margins(torch.log_softmax(pre.continuation_logits(gen.token_ids), -1), len(gen.token_ids))
+            share = spent / pre.stats.prompt_tokens  # with the doubt gate: both prefills
             ratio = pre.stats.prefill_s / full.stats.prefill_s
             f1 = token_f1(text, ref.text)
-            _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio))
+            _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio,
+                                 *own))
         if (i + 1) % 10 == 0 and i + 1 < len(qs):  # partial tables: a long run can be cut short
             log(f"{table(summarize(rows), i + 1)}\n{time.time() - started:.0f} s\n", flush=True)
     return rows
@@ -309,21 +345,66 @@ def _mix_records(alpha: float, warmed: BlendEngine):
     return lookup
 
 
+def _placed_records(warmed: BlendEngine, pool: list[str]):
+    """Records functions over ``warmed``'s records (1 neighbour, with lead records): a chunk after
+    the first reads its record warmed behind its nearest neighbour when that neighbour is in the
+    prompt (anywhere, or with ``before`` ahead of it), its lead record (warmed alone) otherwise."""
+    near = warmed.kv.warmer.nearest(warmed.kv.warmer.prepare(pool))
+    text_of = {tuple(warmed.kv.encode(p).ids): p for p in pool}
+
+    def records(before: bool):
+        def lookup(chunks):
+            texts = [text_of.get(tuple(c)) for c in chunks]
+            out = []
+            for i, ids in enumerate(chunks):
+                plain, lead = warmed.kv.record_keys(ids)
+                seen = texts[:i] if before else texts[:i] + texts[i + 1:]
+                nb = near.get(texts[i]) or []
+                out.append(warmed.kv.stores.get(plain if i and nb and nb[0] in seen else lead))
+            return out
+
+        return lookup
+
+    return records
+
+
 def _right(text: str, answers: list[str]) -> float | None:
     return float(correct(text, answers)) if answers else None
 
 
-def _compare(p: torch.Tensor, pre, ids: list[int], ends_eos: bool, eos_ids) -> tuple[float, float, bool]:
+def _margins(logp: torch.Tensor, count: int) -> tuple[float, float]:
+    """The blend's confidence along its own greedy answer: ``logp`` [T+1, vocab] log-probs teacher-forced
+    along that answer of ``count`` tokens. The probability margin between the two likeliest tokens
+    at the first step (known before any token is sent) and its minimum over the answer's steps."""
+    top = logp[: max(1, count)].exp().topk(2, dim=-1).values  # [steps, 2]
+    margin = top[:, 0] - top[:, 1]
+    return float(margin[0]), float(margin.min())
+
+
+def _gated(p: torch.Tensor, pre, q: torch.Tensor, ids: list[int]) -> tuple[float, float]:
+    """KL(full || gated) and top-1 agreement along the reference answer ``ids`` with the doubt gate
+    read on that path: the blend's log-probs ``q`` up to the first step whose margin is below the
+    gate's, the redone prefill's from there."""
+    top = q[: len(ids) + 1].exp().topk(2, dim=-1).values  # [T+1, 2]
+    low = ((top[:, 0] - top[:, 1]) < pre.doubt.margin).nonzero()
+    if low.numel():
+        k = int(low[0])
+        q = torch.cat([q[:k], torch.log_softmax(pre.redone(k).continuation_logits(ids), dim=-1)[k:]])
+    greedy = q.argmax(-1).tolist()
+    return mean_kl(p, q), sum(a == b for a, b in zip(greedy, ids)) / max(1, len(ids))
+
+
+def _compare(p: torch.Tensor, pre, ids: list[int], ends_eos: bool, eos_ids) -> tuple[float, float, bool, torch.Tensor]:
     """KL(full || pre) over the reference answer ``ids`` (``p``: full prefill's log-probs along
     it), the share of answer tokens its argmax agrees with, and whether greedy decoding from ``pre`` would produce the same answer (its argmax at
     every teacher-forced step is the reference token, then EOS where the reference ended so):
-    if so, there is no need to decode again."""
+    if so, there is no need to decode again. Last, ``pre``'s log-probs along ``ids`` [T+1, vocab]."""
     q = torch.log_softmax(pre.continuation_logits(ids), dim=-1)  # [T+1, vocab]
     kl = mean_kl(p, q)
     greedy = q.argmax(-1).tolist()
     top1 = sum(a == b for a, b in zip(greedy, ids)) / max(1, len(ids))
     same = greedy[: len(ids)] == list(ids) and (not ends_eos or greedy[-1] in eos_ids)
-    return kl, top1, same
+    return kl, top1, same, q
 
 
 def _record(row: dict, values: tuple) -> None:
@@ -413,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     names = args.methods.split(",")
-    unknown = [n for n in names if n not in METHODS]
+    unknown = [n for n in names if n not in METHODS and not doubt_method(n)]
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
     started = time.time()
@@ -426,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"dataset": Path(args.dataset).stem, "split": args.split, "start": args.start, "count": count, **pooled}
     if args.target != "any":
         meta["target"] = args.target
-    record.write(args.run_file, {"meta": meta, "methods": summary})
+    record.write(args.run_file, {"meta": meta, "methods": summary, "questions": rows})
 
 
 if __name__ == "__main__":

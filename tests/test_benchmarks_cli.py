@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name != "runfile.py")  # runfile.py: the shared module
-NO_MODEL = {"frontier.py", "figures.py"}  # they run no model
+NO_MODEL = {"frontier.py", "figures.py", "gate_eval.py"}  # they run no model
 
 
 def _env() -> dict:
@@ -113,6 +113,33 @@ def test_select_eval_quick(tmp_path, tiny_model_dir):
     data = _quick("select_eval.py", tmp_path, tiny_model_dir)
     assert data["meta"]["count"] == 1 and set(data["methods"]) == {"full prefill", "reuse", "deviation"}
     assert data["methods"]["reuse"]["share"] < data["methods"]["deviation"]["share"] < 1.0
+    rows = data["questions"]  # per question, what gate_eval.py reads: the blend's confidence among them
+    assert set(rows) == set(data["methods"]) and all(len(r["margin"]) == 1 for r in rows.values())
+    assert all(0.0 <= r["margin_min"][0] <= r["margin"][0] <= 1.0 for r in rows.values())
+
+
+def test_gate_eval_quick_and_its_policies(tmp_path):
+    """gate_eval.py reads select_eval run files. A gate that escalates nothing is its base, one
+    that escalates everything costs both passes and answers as the escalation; the AUC counts ties half."""
+    data = _quick("gate_eval.py", tmp_path, None)
+    assert data["fitted_on"].endswith("docs/runs/gate_dev.json") and data["runs"]
+    sys.path.insert(0, str(BENCH))
+    try:
+        from gate_eval import auc, gate
+    finally:
+        sys.path.remove(str(BENCH))
+    rows = {"full prefill": {"right": [1.0, 1.0, 0.0], "agree": [True] * 3, "kl": [0.0] * 3, "share": [1.0] * 3,
+                             "margin": [0.9] * 3, "margin_min": [0.9] * 3},
+            "b": {"right": [0.0, 1.0, 0.0], "agree": [False, True, True], "kl": [0.3, 0.1, 0.1], "share": [0.2] * 3,
+                  "margin": [0.1, 0.8, 0.5], "margin_min": [0.1, 0.6, 0.5]}}
+    rows["nb1 reuse"] = dict(rows["b"], share=[0.1] * 3)
+    none, low, every = (gate(rows, "b", "full prefill", t) for t in (0.0, 0.3, 2.0))
+    assert (none["kept"], none["agree"], none["share"]) == (1, 2, 0.2)
+    assert (low["kept"], low["agree"], low["escalated"]) == (2, 3, 1 / 3)
+    assert abs(low["share"] - (0.2 + 1 / 3)) < 1e-9 and abs(low["reused_share"] - 13 / 27) < 1e-9  # (1.1 + .1 + .1) / .9 / 3
+    assert (every["kept"], every["agree"], every["kl"]) == (2, 3, 0.0)
+    assert auc([0.9, 0.1], [True, False]) == 1.0 and auc([0.5, 0.5], [True, False]) == 0.5
+    assert auc([1.0], [True]) is None
 
 
 def test_select_eval_asks_a_base_model_for_a_completion(tiny_model_dir, base_model_dir):
@@ -220,7 +247,7 @@ def test_frontier_panel_merges_runs_over_the_same_questions_and_refuses_others(t
 
 
 DEDICATED = {"facts.py", "exact_prompts.py", "store_bench.py", "select_eval.py", "neighbour_eval.py", "tune.py",
-             "warm_rate.py", "blend_ab.py", "bench_serve.py", "frontier.py", "figures.py"}  # tests above and below
+             "warm_rate.py", "blend_ab.py", "bench_serve.py", "frontier.py", "figures.py", "gate_eval.py"}  # tests above and below
 
 
 @pytest.mark.parametrize("script", [s for s in SCRIPTS if s not in DEDICATED])

@@ -102,6 +102,16 @@ class BlendConfig:
             ``auto_signal="named_share"`` (with ``selector="lexical"``) recomputes exactly the
             chunk the question names most, whole: the ratio is that chunk's share of the reused
             tokens, within the bounds (``auto_min_ratio`` when it names none).
+        doubt_margin: the doubt gate, a budget the answer decides (0: off). While an answer is
+            decoded, when the likeliest next token's probability exceeds the second's by less than
+            ``doubt_margin``, the prompt is prefilled again at ``doubt_ratio`` (once per request),
+            the tokens already generated are fed after it, and decoding goes on from that cache:
+            the blend answers where it is sure, the larger budget where it is not. A blend's low
+            margin somewhere in its answer predicts that answer differing from full prefill's far
+            better than any check-layer signal (docs/DOUBT-GATE.md); each redo costs a second
+            prefill, reported in ``BlendStats.doubt_step`` and ``redone_tokens``.
+        doubt_ratio: the recompute ratio of the doubt gate's second prefill (1.0: a full prefill);
+            a prefill already at or above it has no gate.
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -126,6 +136,8 @@ class BlendConfig:
     auto_min_ratio: float = 0.05
     auto_max_ratio: float = 0.3
     auto_threshold: float = 0.00096  # SmolLM2's development fit (mean 14.6%); not Qwen's: docs/ADAPTIVE-BUDGET.md
+    doubt_margin: float = 0.0
+    doubt_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))
@@ -163,6 +175,11 @@ class BlendConfig:
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
         self._check_auto()
+        for name, low_open in (("doubt_margin", False), ("doubt_ratio", True)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0 \
+                    or (low_open and value == 0.0):
+                raise ValueError(f"{name} must be a number in {'(0' if low_open else '[0'}, 1], got {value!r}")
 
     def _check_auto(self) -> None:
         if not isinstance(self.auto_budget, bool):

@@ -9,7 +9,8 @@ places read, None for a miss) and the engine's config and selector. ``run`` take
 3. ``assemble`` (pure: ids + cached rows), then ``blend_prefill`` (the algorithm, in
    ``blending/blend.py``);
 4. the statistics, and the texts of the chunks that missed (``Prefilled.missed``: what warm on
-   miss warms later).
+   miss warms later); with the doubt gate (``BlendConfig.doubt_margin``), how to prefill the
+   request again at its ratio (``Prefilled.doubt``: decoding calls it when in doubt).
 
 A per-call ``config`` may change the blend knobs, never what keys the KV (a ValueError, not a
 silent ignore), and cannot switch away from a custom selector.
@@ -19,12 +20,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from .blending.blend import blend_prefill
 from .blending.selection import Selector
 from .blending.selectors import make_selector
 from .config import BlendConfig
 from .generation.decode import Prefilled
+from .generation.doubt import Doubt
 from .models.adapter import ModelAdapter
 from .prompts.assemble import assemble, chunk_encodings
 from .prompts.prepared import Request
@@ -78,7 +81,11 @@ class Prefiller:
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started
         missed = [span.text for span, rec in zip(request.text.chunks, records) if rec is None]
-        return Prefilled(self.adapter, asm.input.ids, out, stats, missed)
+        doubt = None
+        if cfg.doubt_margin > 0 and (1.0 if full else chosen) < cfg.doubt_ratio:  # the gate's redo has none
+            again = replace(cfg, doubt_margin=0.0)
+            doubt = Doubt(cfg.doubt_margin, lambda: self.run(request, cfg.doubt_ratio, again))
+        return Prefilled(self.adapter, asm.input.ids, out, stats, missed, doubt)
 
     def call_config(self, config: BlendConfig | None) -> BlendConfig:
         """The config of one call: ``config`` may change the blend knobs, never what keys the KV,

@@ -19,6 +19,11 @@ class BlendStats:
         ``recompute_ratio="auto"`` the one it chose for this request, within the config's bounds).
     budget_signal: with the auto budget, the value of the signal that chose it (None otherwise;
         ``BlendConfig.auto_signal``, docs/ADAPTIVE-BUDGET.md).
+    doubt_step: with the doubt gate (``BlendConfig.doubt_margin``), the answer step at which it
+        prefilled the prompt again at ``doubt_ratio`` (None: it did not); the prompt counts above
+        are then the second prefill's, the one the answer was decoded from.
+    redone_tokens: what the first prefill recomputed before the doubt gate redid it (0 otherwise):
+        the gate's extra compute.
     load_s: time spent reading chunk KV from the stores (part of ttft_s).
     ttft_s: from the call to the first generated token.
     """
@@ -33,6 +38,8 @@ class BlendStats:
     completion_tokens: int = 0
     recompute_ratio: float = 1.0
     budget_signal: float | None = None
+    doubt_step: int | None = None
+    redone_tokens: int = 0
     load_s: float = 0.0
     prefill_s: float = 0.0
     ttft_s: float = 0.0

@@ -86,17 +86,28 @@ def test_deviation_selection_beats_full_reuse_and_random(fresh_real_engine, pydo
             assert mean_agree["deviation"] >= mean_agree["random"], mean_agree
 
 
-def test_fact_lookups_blend_stays_closer_to_full_prefill_than_full_reuse_and_a_reordering(fresh_real_engine):
+@pytest.fixture(scope="module")
+def fact_lookups(fresh_real_engine):
+    """The 24 fictional-fact lookups on one engine with the default warming (behind a neighbour, the
+    first chunk's KV alone), warmed once, full prefill's answers computed once: every setting the
+    tests below compare, over the same records."""
+    from cacheblend import BlendConfig
+
+    engine = fresh_real_engine()
+    return lookups(engine, {
+        "blend": (ORDER, {}),
+        "reuse": (ORDER, {"recompute_ratio": 0.0}),
+        "reordered": (REORDERED, {"recompute_ratio": 1.0}),
+        "lexical": (ORDER, {"config": BlendConfig(selector="lexical").with_kv_of(engine.config)}),
+    })
+
+
+def test_fact_lookups_blend_stays_closer_to_full_prefill_than_full_reuse_and_a_reordering(fact_lookups):
     """On 24 fictional-fact lookups (~750-token prompts, chunks warmed the default way: behind a
     neighbour, the first chunk's KV alone), the default blend is closer to full prefill than full
     reuse of the same records and than the same passages merely reordered, in KL along the
     full-prefill answer and in answers kept."""
-    settings = {
-        "blend": (ORDER, {}),
-        "reuse": (ORDER, {"recompute_ratio": 0.0}),
-        "reordered": (REORDERED, {"recompute_ratio": 1.0}),
-    }
-    kl, kept, _, full_ok = lookups(fresh_real_engine(), settings)
+    kl, kept, _, full_ok = fact_lookups
     mean = {k: statistics.mean(v) for k, v in kl.items()}
     print(f"full prefill right {full_ok}/{len(FACTS)}; kept {kept}; mean KL {mean}")
     assert full_ok >= len(FACTS) // 2, "the bundled model should answer most of these with full prefill"
@@ -187,7 +198,7 @@ def test_default_deviation_beats_query_attention_and_full_reuse_on_generated_fac
     assert mean_kl["default"] < mean_kl["query"] < mean_kl["reuse"], mean_kl
 
 
-def test_lexical_selection_is_closer_to_full_prefill_than_full_reuse_of_the_same_records(fresh_real_engine):
+def test_lexical_selection_is_closer_to_full_prefill_than_full_reuse_of_the_same_records(fact_lookups):
     """On the 24 fictional-fact lookups, with the default warming, recomputing the passage the
     question names (``selector="lexical"``, 15%) is closer to full prefill than full reuse of the
     same records, in KL along the full-prefill answer, and keeps at least as many answers.
@@ -198,12 +209,7 @@ def test_lexical_selection_is_closer_to_full_prefill_than_full_reuse_of_the_same
     deviation is the better selector, which is why it stays the default (docs/LEXICAL-SELECTOR.md:
     on Qwen 0.5B the order turns). The bound leaves room above the measured 0.83x and fails any
     selector that removes less than 10% of full reuse's KL. The test prints its numbers (`-s -k lexical`)."""
-    from cacheblend import BlendConfig
-
-    engine = fresh_real_engine()
-    configs = {"lexical": BlendConfig(selector="lexical"), "reuse": BlendConfig(ratios=(0.0,))}
-    settings = {name: (ORDER, {"config": cfg.with_kv_of(engine.config)}) for name, cfg in configs.items()}
-    kl, kept, _, _ = lookups(engine, settings)
+    kl, kept, _, _ = fact_lookups
     mean = {k: statistics.mean(v) for k, v in kl.items()}
     print(f"kept {kept}; mean KL {mean}")
     assert mean["lexical"] < 0.9 * mean["reuse"], mean

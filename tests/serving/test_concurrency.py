@@ -11,7 +11,8 @@ from live_server import TINY, health, metric, running, wait_for
 
 from cacheblend.generation.decode import Sampling
 from cacheblend.serving.app import SchedulerLimits
-from cacheblend.serving.scheduler import Job, Scheduler
+from cacheblend.serving.jobs import Job
+from cacheblend.serving.scheduler import Scheduler
 
 CLIENTS, PER_CLIENT = 8, 4
 

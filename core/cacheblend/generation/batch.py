@@ -63,15 +63,27 @@ class SlotKV:
         """Places a prompt's per-layer (K after RoPE [1,Hkv,N,d], V [1,Hkv,N,d]); returns its slot."""
         if self.count == self.slots:
             raise RuntimeError("every slot is taken")
+        self.lengths.append(0)
+        self.count += 1
+        self.put(self.count - 1, kv)
+        return self.count - 1
+
+    @torch.inference_mode()
+    def put(self, slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Replaces what active ``slot`` holds with per-layer (K after RoPE [1,Hkv,n,d], V [1,Hkv,n,d])."""
+        if not 0 <= slot < self.count:
+            raise ValueError(f"slot {slot} is not active ({self.count} are)")
         n = kv[0][0].shape[2]
         self._ensure(n + 1)
-        slot = self.count
         for layer, (k, v) in enumerate(kv):
             self.k[layer][slot, :, :n] = k[0]
             self.v[layer][slot, :, :n] = v[0]
-        self.lengths.append(n)
-        self.count += 1
-        return slot
+        self.lengths[slot] = n
+
+    def held(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Views of what ``slot`` holds: per layer (K [1,Hkv,n,d], V [1,Hkv,n,d]), n its length."""
+        n = self.lengths[slot]
+        return [(k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in zip(self.k, self.v)]
 
     @torch.inference_mode()
     def remove(self, slot: int) -> None:

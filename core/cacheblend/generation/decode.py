@@ -19,6 +19,7 @@ import torch
 from ..blending.blend import BlendOutput
 from ..models.adapter import ModelAdapter
 from .batch import SlotKV
+from .doubt import Doubt
 from ..result import BlendStats, Generation
 
 
@@ -104,16 +105,21 @@ class TextTracker:
         return end
 
 
-def decode_tokens(step, first_logits: torch.Tensor, sampling: Sampling, max_new_tokens: int) -> Iterator[int]:
+def decode_tokens(step, first_logits: torch.Tensor, sampling: Sampling, max_new_tokens: int,
+                  review=None) -> Iterator[int]:
     """Yields up to ``max_new_tokens`` token ids; the caller stops at EOS or a stop string.
 
     ``step(token_id) -> logits`` advances the model by one token; it is called lazily, only when
-    the next token is asked for.
+    the next token is asked for. ``review(logits, tokens) -> logits``, when given, sees each step's
+    logits and the tokens picked so far before the pick, and may answer other logits (the doubt gate).
     """
     gen = sampling.generator(first_logits.device)
-    logits = first_logits
+    logits, tokens = first_logits, []
     for i in range(max_new_tokens):
+        if review is not None:
+            logits = review(logits, tokens)
         token = sampling.pick(logits, gen)
+        tokens.append(token)
         yield token
         if i + 1 < max_new_tokens:
             logits = step(token)
@@ -128,6 +134,7 @@ class Prefilled:
     output: BlendOutput
     stats: BlendStats
     missed: list[str] = field(default_factory=list)  # texts of the chunks no tier held (warm on miss warms them)
+    doubt: Doubt | None = None  # the doubt gate (doubt.py), when the config has one and this prefill is below its ratio
 
     def cache(self) -> Any:
         """A fresh transformers cache over the prompt's KV, safe to extend: decoding appends into
@@ -146,6 +153,25 @@ class Prefilled:
             out = self.adapter.model(input_ids=ids, cache=self.cache(), position_ids=pos, use_cache=True)
             rows.extend(out.logits[0].float())
         return torch.stack(rows[: len(continuation) + 1])
+
+    def redone(self, step: int) -> Prefilled:
+        """The doubt gate at answer step ``step``: the prompt prefilled again (``doubt.redo``), its
+        stats saying so (``doubt_step``, ``redone_tokens``: what this prefill had recomputed)."""
+        again = self.doubt.redo()
+        again.stats = replace(again.stats, doubt_step=step, redone_tokens=self.stats.recomputed_tokens)
+        return again
+
+    def resume(self, tokens: Sequence[int]) -> tuple[SlotKV | None, torch.Tensor]:
+        """A one-slot ``SlotKV`` holding this prompt's KV with ``tokens`` decoded after it (None when
+        there are none), and the logits of the step that follows them."""
+        if not tokens:
+            return None, self.output.logits
+        slots = SlotKV(self.adapter, 1)
+        slots.add(self.output.kv)
+        logits = self.output.logits
+        for token in tokens:
+            logits = slots.step([token])[0]
+        return slots, logits
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -230,8 +256,18 @@ class GenerationStream:
                 slots.add(pre.output.kv)
             return slots.step([token])[0]
 
+        def review(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+            """The doubt gate: in doubt, decode on from the prompt prefilled again."""
+            nonlocal pre, slots, stats
+            if pre.doubt is None or not pre.doubt.doubts(logits):
+                return logits
+            pre = pre.redone(len(tokens))
+            stats = replace(pre.stats, ttft_s=stats.ttft_s, finish_reason=stats.finish_reason)
+            slots, logits = pre.resume(tokens)
+            return logits
+
         stats.finish_reason = "length"
-        for i, token in enumerate(decode_tokens(step, pre.output.logits, decoding.sampling, limit)):
+        for i, token in enumerate(decode_tokens(step, pre.output.logits, decoding.sampling, limit, review)):
             if i == 0:
                 stats.ttft_s = time.perf_counter() - started
             if token in eos_ids:

@@ -24,7 +24,8 @@ from . import openapi
 from .metrics import Metrics
 from .protocol import APIError, bad, parse_chat, parse_completion, parse_documents
 from .responses import Formatter, sse
-from .scheduler import Event, Job, QueueFull, Scheduler
+from .jobs import Event, Job, QueueFull
+from .scheduler import Scheduler
 
 RETRY_AFTER_S = 1
 _POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there

@@ -17,6 +17,8 @@ _COUNTERS = {
     "chunk_misses_total": "Chunks found in prompts whose KV was not stored",
     "prompt_tokens_reused_total": "Prompt tokens whose cached KV was used as is",
     "prompt_tokens_recomputed_total": "Prompt tokens computed through the last layer",
+    "doubt_redos_total": "Prompts prefilled again by the doubt gate (BlendConfig.doubt_margin)",
+    "prompt_tokens_redone_total": "Prompt tokens the doubt gate's second prefills computed",
     "completion_tokens_total": "Tokens generated",
     "decode_steps_total": "Batched decode forwards",
     "decode_rows_total": "Sequences advanced by the decode forwards (rows / steps = mean batch size)",
@@ -45,6 +47,12 @@ class Metrics:
             self._counts["chunk_misses_total"] += stats.chunk_misses
             self._counts["prompt_tokens_reused_total"] += stats.reused_tokens
             self._counts["prompt_tokens_recomputed_total"] += stats.recomputed_tokens
+
+    def redone(self, stats: BlendStats) -> None:
+        """The doubt gate prefilled a prompt again; ``stats``: that second prefill's."""
+        with self._lock:
+            self._counts["doubt_redos_total"] += 1
+            self._counts["prompt_tokens_redone_total"] += stats.recomputed_tokens
 
     def first_token(self, seconds: float) -> None:
         with self._lock:

@@ -34,52 +34,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from ..generation.decode import Sampling, TextTracker
+from ..generation.decode import Prefilled, TextTracker
 from ..result import BlendStats
 from ..generation.batch import SlotKV
 from ..warm_on_miss import MissQueue, Preempted
+from .jobs import Event, Job, QueueFull
 from .metrics import Metrics
-
-
-class QueueFull(Exception):
-    """The scheduler's queue is full; the request should be retried later."""
-
-
-@dataclass
-class Event:
-    """kind: 'start' (prompt stats), 'text' (a piece), 'done' (final stats) or 'error'."""
-
-    kind: str
-    text: str = ""
-    stats: BlendStats | None = None
-    error: Exception | None = None
-
-
-@dataclass
-class Job:
-    """One generation request as the model thread sees it."""
-
-    prompt: str
-    max_tokens: int | None
-    sampling: Sampling
-    stop: list[str]
-    recompute_ratio: float | str | None = None  # "auto": the adaptive budget
-    documents: list[str] = field(default_factory=list)  # looked for in the prompt (warmed on miss, or first)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    arrived: float = field(default_factory=time.perf_counter)
-    events: asyncio.Queue | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-
-    def emit(self, event: Event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            self.cancelled.set()
 
 
 @dataclass
@@ -90,6 +55,7 @@ class _Sequence:
     limit: int
     stats: BlendStats
     next_token: int = -1
+    gated: Prefilled | None = None  # the prefill whose doubt gate may still fire (None: no gate, or it fired)
 
 
 @dataclass
@@ -234,21 +200,37 @@ class Scheduler:
         except Exception as exc:  # bad input or a model failure: the request fails, the server goes on
             job.emit(Event("error", error=exc))
             return 1
-        stats = replace(pre.stats)
         limit = engine.context_window - n
         seq = _Sequence(
             job,
             TextTracker(engine.tokenizer, job.stop),
             job.sampling.generator(pre.output.logits.device),
             min(job.max_tokens, limit) if job.max_tokens else limit,
-            stats,
+            replace(pre.stats),
+            gated=pre if pre.doubt is not None else None,
         )
-        self.metrics.prefilled(stats)
-        job.emit(Event("start", stats=replace(stats)))
-        if not self._advance(seq, pre.output.logits):
+        self.metrics.prefilled(pre.stats)
+        logits, spent = pre.output.logits, pre.stats.recomputed_tokens
+        if seq.gated is not None and pre.doubt.doubts(logits):  # in doubt at the first token
+            pre, logits = self._redo(seq, None)
+            spent += pre.stats.recomputed_tokens
+        job.emit(Event("start", stats=replace(seq.stats)))
+        if not self._advance(seq, logits):
             self._slots.add(pre.output.kv)
             self._active.append(seq)
-        return max(1, stats.recomputed_tokens)
+        return max(1, spent)
+
+    def _redo(self, seq: _Sequence, slot: int | None) -> tuple[Prefilled, torch.Tensor]:
+        """The doubt gate of ``seq`` fires: its prompt prefilled again (``Prefilled.redone``) and the
+        tokens it has decoded fed after it, into its ``slot`` when it has one. Returns the new
+        prefill and the logits of the next pick."""
+        again = seq.gated.redone(len(seq.tracker.ids))
+        seq.gated, seq.stats = None, replace(again.stats, ttft_s=seq.stats.ttft_s)
+        one, logits = again.resume(seq.tracker.ids)
+        if slot is not None:
+            self._slots.put(slot, one.held(0) if one is not None else again.output.kv)
+        self.metrics.redone(again.stats)
+        return again, logits
 
     def _advance(self, seq: _Sequence, logits) -> bool:
         """Samples the next token of ``seq`` from ``logits`` [vocab]; emits text; True when finished."""
@@ -283,7 +265,13 @@ class Scheduler:
         started = time.perf_counter()
         logits = self._slots.step([s.next_token for s in self._active])  # [B, vocab]
         self.metrics.decode_step(len(self._active), time.perf_counter() - started)
-        finished = [i for i, seq in enumerate(self._active) if self._advance(seq, logits[i])]
+        finished = []
+        for i, seq in enumerate(self._active):
+            row = logits[i]
+            if seq.gated is not None and seq.gated.doubt.doubts(row):  # the doubt gate: decode on from a redo
+                _, row = self._redo(seq, i)
+            if self._advance(seq, row):
+                finished.append(i)
         self._free(finished)
 
     def _drop_cancelled(self) -> None:
