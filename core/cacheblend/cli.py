@@ -38,7 +38,7 @@ def _engine(args, store_dir, warm_on_miss: bool = False):
 
     t = time.perf_counter()
     dtype = getattr(args, "dtype", None)
-    config = BlendConfig.for_model(args.model, neighbours=args.neighbours)
+    config = BlendConfig.for_model(args.model, neighbours=args.neighbours, doubt_margin=args.doubt_margin)
     engine = BlendEngine.from_pretrained(args.model, device=args.device, dtype=dtype, store_dir=store_dir, config=config,
                                          warm_on_miss=warm_on_miss)
     print(f"model {engine.name} loaded in {time.perf_counter() - t:.1f}s ({engine.adapter.device})")

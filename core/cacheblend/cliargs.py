@@ -1,5 +1,5 @@
 """Every argument of the ``cacheblend`` command: the top-level parser, each subcommand's arguments
-(``SUBCOMMANDS``) and the helpers they share (``model_arg``, ``neighbours_arg``).
+(``SUBCOMMANDS``) and the helpers they share (``model_arg``, ``config_args``).
 
 It imports none of the commands' code: ``parser`` is handed the function that runs each
 subcommand (cli.py: demo, warm, ask, bench; serving/command.py: serve). A new command is an entry
@@ -74,13 +74,19 @@ def model_arg(sp) -> None:
                          f"HF id/folder, or a .gguf file (default {default})")
 
 
-def neighbours_arg(sp) -> None:
-    """``--neighbours K``: how many similar passages each chunk is warmed behind (BlendConfig.neighbours)."""
+def config_args(sp) -> None:
+    """``--neighbours K``: how many similar passages each chunk is warmed behind (BlendConfig.neighbours);
+    ``--doubt-margin M``: the doubt gate (BlendConfig.doubt_margin; None keeps the model's), both
+    passed to ``BlendConfig.for_model``."""
     from .config import BlendConfig
 
     default = BlendConfig().neighbours
     sp.add_argument("--neighbours", type=int, default=default,
                     help=f"warm each chunk behind its K most similar passages (default {default}; 0: alone)")
+    sp.add_argument("--doubt-margin", type=float, default=None, metavar="M",
+                    help="the doubt gate: where the answer's next token is this unsure (its probability above the "
+                         "runner-up's by less than M), prefill the prompt in full and decode on from there "
+                         "(default: the model's; 0: off; docs/DOUBT-GATE.md)")
 
 
 def _index_args(sp, demo: bool = False) -> None:
@@ -89,7 +95,7 @@ def _index_args(sp, demo: bool = False) -> None:
     sp.add_argument("--device", default="auto")
     sp.add_argument("--dir", required=not demo, help=f"index directory{DEMO_DIR_HELP if demo else ''}")
     sp.add_argument("--max-tokens", type=int, default=512, help="passage size when splitting documents")
-    neighbours_arg(sp)
+    config_args(sp)
 
 
 def _warm_limit(sp, default: int | None) -> None:
@@ -146,7 +152,7 @@ def _bench(b) -> None:
     b.add_argument("--answer-tokens", type=int, default=32, help="greedy answer length for the quality columns")
     b.add_argument("--out", default="bench_out")
     b.add_argument("--store", default=None, help="KV store directory (default: OUT/store)")
-    neighbours_arg(b)
+    config_args(b)
 
 
 def _serve(s) -> None:
@@ -172,7 +178,7 @@ def _serve(s) -> None:
     s.add_argument("--no-warm-on-miss", dest="warm_on_miss", action="store_false",
                    help="warm a request's unseen documents before its prefill instead of when the server is "
                         "idle after it (default: warm on miss; see cacheblend.warm_on_miss)")
-    neighbours_arg(s)
+    config_args(s)
 
 
 # name -> (its line in ``cacheblend --help``, what adds its arguments), in the order --help lists them

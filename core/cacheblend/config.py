@@ -227,11 +227,12 @@ class BlendConfig:
         """The config ``model`` starts from: for a catalogue alias, the fields its reporting splits
         chose (``models/catalog.py``, ``CatalogModel.blend``: Qwen 0.5B recomputes the chunk the
         question names, docs/LEXICAL-SELECTOR.md), else the package default; ``fields`` override
-        either (``BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0)``)."""
+        either (``BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0)``), but for those
+        given as None (a command-line flag left out), which keep the model's."""
         from .models.catalog import MODELS
 
         chosen = dict(MODELS[model].blend) if model in MODELS else {}
-        return cls(**(chosen | fields))
+        return cls(**(chosen | {k: v for k, v in fields.items() if v is not None}))
 
     def check_model_layers(self, num_layers: int) -> None:
         """ValueError when a check layer is past the last layer of a ``num_layers``-layer model."""

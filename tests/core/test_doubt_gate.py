@@ -88,3 +88,13 @@ def test_a_gate_that_never_doubts_changes_nothing_and_a_prefill_at_its_ratio_has
     assert half.prefill(**ASK, recompute_ratio=0.5).doubt is None
     redo = half.generate(**ASK, max_new_tokens=TOKENS).stats
     assert redo.doubt_step == 0 and redo.recompute_ratio == 0.5 and 0 < redo.reused_tokens < redo.prompt_tokens
+
+
+def test_the_commands_take_the_gate_and_a_flag_left_out_keeps_the_models():
+    from cacheblend.cli import _parser
+
+    for command in (["serve"], ["ask", "q", "--dir", "d"], ["bench"]):
+        assert _parser().parse_args([*command, "--doubt-margin", "0.02"]).doubt_margin == 0.02
+        assert _parser().parse_args(command).doubt_margin is None
+    assert BlendConfig.for_model("qwen2.5-0.5b-instruct", doubt_margin=None) == BlendConfig.for_model("qwen2.5-0.5b-instruct")
+    assert BlendConfig.for_model("a/folder", doubt_margin=0.02, neighbours=None) == BlendConfig(doubt_margin=0.02)

@@ -21,7 +21,7 @@ def cmd_serve(args) -> int:
     store = None if args.store.lower() == "none" else args.store if remote else Path(args.store).expanduser()
     from ..config import BlendConfig
 
-    config = BlendConfig.for_model(args.model, neighbours=args.neighbours)
+    config = BlendConfig.for_model(args.model, neighbours=args.neighbours, doubt_margin=args.doubt_margin)
     engine = BlendEngine.from_pretrained(args.model, device=args.device, config=config)
     if store is not None:
         budget = int(args.store_max_gib * 2**30) if args.store_max_gib else None
