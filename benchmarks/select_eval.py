@@ -372,12 +372,18 @@ def _right(text: str, answers: list[str]) -> float | None:
     return float(correct(text, answers)) if answers else None
 
 
+def _step_margins(logp: torch.Tensor) -> torch.Tensor:
+    """[steps] the probability margin between the two likeliest tokens of each row of log-probs
+    [steps, vocab] (what the doubt gate reads, ``doubt.top_margin``)."""
+    top = logp.exp().topk(2, dim=-1).values  # [steps, 2]
+    return top[:, 0] - top[:, 1]
+
+
 def _margins(logp: torch.Tensor, count: int) -> tuple[float, float]:
     """The blend's confidence along its own greedy answer: ``logp`` [T+1, vocab] log-probs teacher-forced
-    along that answer of ``count`` tokens. The probability margin between the two likeliest tokens
-    at the first step (known before any token is sent) and its minimum over the answer's steps."""
-    top = logp[: max(1, count)].exp().topk(2, dim=-1).values  # [steps, 2]
-    margin = top[:, 0] - top[:, 1]
+    along that answer of ``count`` tokens. The margin at the first step (known before any token is
+    sent) and its minimum over the answer's steps."""
+    margin = _step_margins(logp[: max(1, count)])
     return float(margin[0]), float(margin.min())
 
 
@@ -385,8 +391,7 @@ def _gated(p: torch.Tensor, pre, q: torch.Tensor, ids: list[int]) -> tuple[float
     """KL(full || gated) and top-1 agreement along the reference answer ``ids`` with the doubt gate
     read on that path: the blend's log-probs ``q`` up to the first step whose margin is below the
     gate's, the redone prefill's from there."""
-    top = q[: len(ids) + 1].exp().topk(2, dim=-1).values  # [T+1, 2]
-    low = ((top[:, 0] - top[:, 1]) < pre.doubt.margin).nonzero()
+    low = (_step_margins(q[: len(ids) + 1]) < pre.doubt.margin).nonzero()
     if low.numel():
         k = int(low[0])
         q = torch.cat([q[:k], torch.log_softmax(pre.redone(k).continuation_logits(ids), dim=-1)[k:]])
