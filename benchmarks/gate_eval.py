@@ -74,10 +74,15 @@ def gate(rows: dict, base: str, escalate: str, threshold: float, signal: str = "
 
 
 def fit(rows: dict, base: str, share: float, signal: str = "margin") -> float:
-    """The threshold that escalates ``share`` of the requests (the base's ``signal`` quantile)."""
+    """The threshold that escalates ``share`` of the requests (the base's ``signal`` quantile): halfway
+    between the k-th lowest value and the next, 0 for none, above every margin for all."""
     margins = sorted(rows[base][signal])
     k = round(share * len(margins))
-    return 0.0 if k == 0 else (margins[k - 1] + margins[min(k, len(margins) - 1)]) / 2 if k < len(margins) else 1.01
+    if k == 0:
+        return 0.0
+    if k >= len(margins):
+        return 1.01  # margins are at most 1
+    return (margins[k - 1] + margins[k]) / 2
 
 
 def fixed(rows: dict, method: str) -> dict:
