@@ -118,6 +118,14 @@ def test_select_eval_quick(tmp_path, tiny_model_dir):
     assert all(0.0 <= r["margin_min"][0] <= r["margin"][0] <= 1.0 for r in rows.values())
 
 
+def test_key_temperature_quick(tmp_path, tiny_model_dir):
+    data = _quick("key_temperature.py", tmp_path, tiny_model_dir)
+    methods = data["methods"]
+    assert set(methods) == {"full prefill", "nb1 reuse", "nb1 reuse t0.9"}
+    assert methods["nb1 reuse t0.9"]["share"] == methods["nb1 reuse"]["share"]  # the same rows recomputed
+    assert methods["nb1 reuse t0.9"]["kl"] != methods["nb1 reuse"]["kl"]  # the temperature reached the blend
+
+
 def test_gate_eval_quick_and_its_policies(tmp_path):
     """gate_eval.py reads select_eval run files. A gate that escalates nothing is its base, one
     that escalates everything costs both passes and answers as the escalation; the AUC counts ties half."""
