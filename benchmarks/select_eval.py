@@ -7,7 +7,9 @@ One engine per warming setting (chunks alone, or behind their K most similar pas
 split's pool: the ``nbK`` methods), each warmed once; per question one full prefill (the reference), then every method:
 accuracy (greedy short answer contains the gold string), agreement (the same answer as full
 prefill), mean KL(full || method) over the full-prefill answer's tokens, recomputed share, and
-the median ratio of its prefill time to full prefill's (short prompts: a rough guide only).
+the median ratio of its prefill time to full prefill's (short prompts: a rough guide only). The run
+file also keeps every question's row per method (``questions``: the measures, the blend's margins and
+its answer text), which benchmarks/gate_eval.py reads and a reader can inspect answer by answer.
 
 ``--pool corpus`` (MuSiQue): the ``nbK`` engines pick neighbours among every passage of the
 file's prompts (all 150 examples' six), not only the run's: a passage is then less often warmed
@@ -275,7 +277,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         if METHODS[n][0].neighbours and not METHODS[n][0].lead_alone:
             views[n] = BlendEngine(model, tok, config=METHODS[n][0], memory_bytes=1 << 20)
             views[n].kv.stores = engines[METHODS[n][0].neighbours].kv.stores
-    keys = ("right", "agree", "f1", "top1", "kl", "share", "time", "margin", "margin_min")
+    keys = ("right", "agree", "f1", "top1", "kl", "share", "time", "margin", "margin_min", "answer")
     rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
     started = time.time()
     for i, q in enumerate(qs):
@@ -284,7 +286,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         ref = engine.generate_from(full, max_new_tokens=answer_tokens, stop=STOP)
         p = torch.log_softmax(full.continuation_logits(ref.token_ids), dim=-1)  # [T+1, vocab]
         _record(rows["full prefill"], (_right(ref.text, q.answers), True, 1.0, 1.0, 0.0, 1.0, 1.0,
-                                       *_margins(p, len(ref.token_ids))))
+                                       *_margins(p, len(ref.token_ids)), ref.text.strip()))
         ends_eos = ref.stats.finish_reason == "stop" and p[-1].argmax().item() in engine.eos_ids
         for name in names:
             cfg, sel = METHODS[name]
@@ -312,7 +314,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
             ratio = pre.stats.prefill_s / full.stats.prefill_s
             f1 = token_f1(text, ref.text)
             _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio,
-                                 *own))
+                                 *own, text.strip()))
         if (i + 1) % 10 == 0 and i + 1 < len(qs):  # partial tables: a long run can be cut short
             log(f"{table(summarize(rows), i + 1)}\n{time.time() - started:.0f} s\n", flush=True)
     return rows
@@ -426,7 +428,8 @@ def summarize(rows: dict[str, dict]) -> dict[str, dict]:
     full = rows["full prefill"]["right"]
     out = {}
     for name, r in rows.items():
-        means = {k: (statistics.median(v) if k == "time" else statistics.mean(v)) if v and v[0] is not None else None for k, v in r.items()}
+        means = {k: (statistics.median(v) if k == "time" else statistics.mean(v)) if v and v[0] is not None else None
+                 for k, v in r.items() if k != "answer"}  # the answers' texts stay per question
         kept = sum(bool(a and b) for a, b in zip(full, r["right"])) if full and full[0] is not None else None
         out[name] = {**means, "kept": kept}
     return out

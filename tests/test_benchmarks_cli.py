@@ -116,6 +116,8 @@ def test_select_eval_quick(tmp_path, tiny_model_dir):
     rows = data["questions"]  # per question, what gate_eval.py reads: the blend's confidence among them
     assert set(rows) == set(data["methods"]) and all(len(r["margin"]) == 1 for r in rows.values())
     assert all(0.0 <= r["margin_min"][0] <= r["margin"][0] <= 1.0 for r in rows.values())
+    full = rows["full prefill"]["answer"][0]  # each method's answer text, and "same answer" agrees with it
+    assert all(r["agree"][0] == (r["answer"][0] == full) for r in rows.values())
 
 
 def test_key_temperature_quick(tmp_path, tiny_model_dir):
