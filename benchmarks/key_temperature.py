@@ -14,7 +14,7 @@ them, T > 1 flattens it.
 It is an experiment, not a product option: it patches the blend's ``realign`` for the methods named
 ``"<select_eval method> t<T>"`` (T in TEMPERATURES) and runs ``select_eval.py`` with every other
 argument unchanged, so the tables, run files and the full-prefill reference are select_eval's.
-Results and the decision: docs/TUNING.md ("Attention temperature on the reused keys").
+Results and the decision: docs/TUNING.md (decision log: "No attention temperature on the reused keys").
 """
 
 from __future__ import annotations

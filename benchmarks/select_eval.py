@@ -259,8 +259,8 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         log(f"neighbours among {len(known)} passages: {share:.1%} of the run's are warmed behind their own prompt's")
         if meta is not None:
             meta.update(pool=pool_of, pool_passages=len(known), own_prompt_share=round(share, 4))
-    reads = {METHODS[n][0].neighbours for n in names if n not in REORDERS}  # reorders are full prefills: no records
-    reads |= needed - {0}
+    # the engines whose records some method reads (a reorder is a full prefill: it reads none)
+    reads = {k for n in names if n not in REORDERS for k in (METHODS[n][0].neighbours, *LADDERS.get(n, ()))}
     for k, eng in engines.items():
         if k not in reads:  # engine 0 only runs full prefill here: nothing to warm
             continue
