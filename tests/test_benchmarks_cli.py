@@ -128,6 +128,15 @@ def test_key_temperature_quick(tmp_path, tiny_model_dir):
     assert methods["nb1 reuse t0.9"]["kl"] != methods["nb1 reuse"]["kl"]  # the temperature reached the blend
 
 
+def test_named_after_quick(tmp_path, tiny_model_dir):
+    """The first development question names its fourth passage (of six): recomputing it and the
+    two after it, whole, recomputes more than the named chunk alone, from the same records."""
+    data = _quick("named_after.py", tmp_path, tiny_model_dir)
+    methods = data["methods"]
+    assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named after"}
+    assert methods["nb1 named after"]["share"] > methods["nb1 lexical named"]["share"] > 0.05
+
+
 def test_gate_eval_quick_and_its_policies(tmp_path):
     """gate_eval.py reads select_eval run files. A gate that escalates nothing is its base, one
     that escalates everything costs both passes and answers as the escalation; the AUC counts ties half."""

@@ -61,6 +61,7 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     assert by["full prefill"]["kl"] == 0 and by["full prefill"]["speedup"] == 1
     assert all(by[name]["recomputed_share"] == by["cacheblend 15%"]["recomputed_share"] for name in alone)
     assert by["full reuse"]["recomputed_share"] < by["cacheblend 15%"]["recomputed_share"] < 0.3
+    assert by["full prefill"]["mac_floor"] == 1 < by["cacheblend 15%"]["mac_floor"] < by["full reuse"]["mac_floor"]
     assert (tmp_path / "b" / "bench.png").stat().st_size > 10_000
 
 

@@ -240,7 +240,7 @@ def test_stage_one_computes_only_the_uncached_rows(make_engine, family):
     out = blend_prefill(engine.adapter, inp, QuestionSelector(), {1: 0.15})
     stage2 = uncached + budget_for(0.15, reused)
     assert counter.rows == [uncached] * layers + [stage2] * layers  # stage 1, then stage 2 from layer 0
-    assert out.first_stage_rows == uncached and out.first_stage_per_layer == [uncached] * layers
+    assert out.first_stage_rows == uncached and [len(r) for r in out.first_stage_active] == [uncached] * layers
     assert out.active_per_layer == [stage2] * layers and out.recomputed == stage2
     # the deviation blend, for contrast: layer 0 over every row (the prelude stage 1 does not have)
     counter.rows.clear()

@@ -8,10 +8,9 @@ For a prompt whose tokens are partly covered by cached chunk KV (keys stored bef
    question's rows pay them, computed here for the question rows only); every uncached token,
    and the last token (whose logits we need), stays active regardless.
 3. From there on only active rows are computed. Each layer's cache starts as the cached K/V
-   realigned to the final positions (keys rotated, cast to the compute dtype: what decoding
-   needs) and the fresh K/V of the active rows are written into it (at a check layer after the
-   selection, which compares them with the stored K/V); attention for the active rows runs
-   over it with an exact causal mask by position.
+   realigned to the final positions (keys rotated, in the compute dtype: what decoding needs),
+   the active rows' fresh K/V written into it (at a check layer after the selection, which
+   compares them with the stored K/V); the active rows attend over it, exact causal mask by position.
 
 Ratio 1.0 is a full prefill, 0.0 full reuse (only uncached tokens are recomputed). An ``AutoRatio``
 is resolved per request at its check layer, before the pick (``budget.py``).
@@ -60,11 +59,11 @@ class BlendInput:
 @dataclass
 class BlendOutput:
     """kv: per layer (K after RoPE [1,Hkv,N,d], V [1,Hkv,N,d]); logits: [vocab] of the last token;
-    recomputed: tokens computed through the last layer; active_per_layer: rows computed per layer.
-
+    recomputed: tokens computed through the last layer; active_rows: per layer, the positions [n]
+    of the rows computed (at a check layer, those kept: ``tools/cost.py`` counts the work from them).
     A two-stage blend also reports its first stage (zeros and [] otherwise): first_stage_rows, the
     rows stage 1 computed through the last layer (the uncached rows and the last row);
-    first_stage_per_layer, its rows per layer; question_rows, the rows whose attention over all N
+    first_stage_active, its active_rows; question_rows, the rows whose attention over all N
     keys it scored at each of question_layers (the layers the selector fuses). With an auto budget
     (``AutoRatio`` in the schedule, ``budget.py``): ratio, the one it chose, and budget_signal, the
     signal it read (None otherwise)."""
@@ -72,13 +71,17 @@ class BlendOutput:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     logits: torch.Tensor
     recomputed: int
-    active_per_layer: list[int]
+    active_rows: list[torch.Tensor]
     first_stage_rows: int = 0
-    first_stage_per_layer: list[int] = field(default_factory=list)
+    first_stage_active: list[torch.Tensor] = field(default_factory=list)
     question_rows: int = 0
     question_layers: list[int] = field(default_factory=list)
     ratio: float | None = None
     budget_signal: float | None = None
+
+    @property
+    def active_per_layer(self) -> list[int]:
+        return [rows.shape[0] for rows in self.active_rows]
 
 
 def budget_for(ratio: float, num_reused: int) -> int:
@@ -122,7 +125,7 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
     rows = _Rows.at(pos, tables)
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-    active_per_layer, auto = [], {}  # auto: what an auto budget chose (budget.resolve)
+    active_rows, auto = [], {}  # auto: what an auto budget chose (budget.resolve)
     for layer in range(model.num_layers):
         cos, sin = tables.layer(layer)  # [N, d]: this layer's rotary geometry
         x = model.attn_input(layer, h)  # [1, n, hidden]
@@ -152,9 +155,9 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
             observe(layer, q, keys, rows.active)
         h = model.finish(layer, h, attend_rows(model, layer, q, keys, values, rows.plan))
         kv.append((keys, values))
-        active_per_layer.append(rows.active.shape[0])
+        active_rows.append(rows.active)
     logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
-    return BlendOutput(kv=kv, logits=logits, recomputed=active_per_layer[-1], active_per_layer=active_per_layer, **auto)
+    return BlendOutput(kv=kv, logits=logits, recomputed=active_rows[-1].shape[0], active_rows=active_rows, **auto)
 
 
 def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
@@ -180,7 +183,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     else:
         out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score)
     out.first_stage_rows = first.recomputed
-    out.first_stage_per_layer = first.active_per_layer
+    out.first_stage_active = first.active_rows
     out.question_rows = asked.rows
     out.question_layers = asked.layers
     return out
@@ -196,12 +199,10 @@ class _Rows:
     plan: RowPlan
 
     @classmethod
-    def at(cls, active: torch.Tensor, tables: RopeTables) -> _Rows:
-        """tables: the prompt's whole tables [N, d]."""
+    def at(cls, active: torch.Tensor, tables: RopeTables) -> _Rows:  # tables: the prompt's whole [N, d]
         return cls(active, tables.rows(active), RowPlan(active, tables.cos[0].shape[0]))
 
-    def take(self, pick: torch.Tensor, tables: RopeTables) -> _Rows:
-        """The rows ``pick`` (indices into ``active``)."""
+    def take(self, pick: torch.Tensor, tables: RopeTables) -> _Rows:  # pick: indices into active
         return _Rows.at(self.active[pick], tables)
 
 

@@ -153,6 +153,15 @@ class ModelAdapter:
         )  # [B, H, 1, d]
         return out.transpose(1, 2).reshape(q.shape[0], 1, -1)
 
+    def linear_macs(self, layer: int | None) -> tuple[int, int]:
+        """Multiply-accumulates one row costs in ``layer``'s linear weights: (the K and V
+        projections, everything else: Q, O and the MLP); ``None``: (0, the LM head's)."""
+        if layer is None:
+            return 0, self.model.lm_head.weight.numel()
+        block, attn = self.layers[layer], self.layers[layer].self_attn
+        kv = attn.k_proj.weight.numel() + attn.v_proj.weight.numel()
+        return kv, sum(m.weight.numel() for m in block.modules() if isinstance(m, torch.nn.Linear)) - kv
+
     def finish(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """o_proj + residual, then the MLP block + residual. h [B,n,hidden] -> [B,n,hidden]."""
         block = self.layers[layer]

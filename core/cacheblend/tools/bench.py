@@ -9,6 +9,10 @@ For each prompt (``chunks`` passages + a question, wrapped by the chat template)
 - floor: the compute-bound speedup at the measured recompute share s, with L layers of which the
   first f (before the first check layer) run over every token: floor = L / (f + (L - f) * s).
   It ignores attention's quadratic part and fixed costs, so it is a reference, not a bound.
+- MAC floor: full prefill's multiply-accumulates over the method's, counted from the rows each
+  prefill computed, attention included (``cost.py``): the speedup if every one ran at full
+  prefill's rate. A method's TTFT over it is what loading, realigning and selecting cost, plus
+  the kernels' different rates.
 - KL: mean KL(full prefill || method) over the tokens of the full-prefill greedy answer.
 - F1 vs full: token F1 between the method's greedy answer and full prefill's.
 - F1 vs gold (MuSiQue): token F1 against the best gold answer.
@@ -33,6 +37,7 @@ from ..engine import BlendEngine
 from ..generation.decode import Prefilled
 from ..result import BlendStats
 from ..stores import MemoryStore
+from .cost import prefill_macs
 from .datasets import QAExample
 from .quality import answer_kl, best_f1, token_f1
 
@@ -49,9 +54,10 @@ class MethodResult:
     f1_full: list[float] = field(default_factory=list)
     f1_gold: list[float] = field(default_factory=list)
     recomputed_share: list[float] = field(default_factory=list)
+    macs: list[int] = field(default_factory=list)  # per prompt: what its prefill computed (cost.py)
     full_layers: int = 0  # layers run over every token before the first check layer
 
-    def summary(self, full_ttft: float, num_layers: int) -> dict:
+    def summary(self, full_ttft: float, num_layers: int, full_macs: float) -> dict:
         share = statistics.mean(self.recomputed_share)
         ttft = statistics.median(self.ttft_s)
         return {
@@ -65,6 +71,7 @@ class MethodResult:
             "f1_vs_gold": statistics.mean(self.f1_gold) if self.f1_gold else None,
             "recomputed_share": share,
             "floor": compute_floor(num_layers, self.full_layers, share),
+            "mac_floor": full_macs / statistics.mean(self.macs),
         }
 
 
@@ -170,9 +177,11 @@ def run(
             if ex.answers:
                 res.f1_gold.append(best_f1(answer.text, ex.answers))
             res.recomputed_share.append(pre.stats.recomputed_tokens / pre.stats.prompt_tokens)
+            res.macs.append(prefill_macs(engine.adapter, pre.output).total)
         log(f"[{i + 1}/{len(examples)}] {len(ids)} tokens; full {results['full prefill'].ttft_s[-1]:.2f}s")
     full_ttft = statistics.median(results["full prefill"].ttft_s)
-    return [r.summary(full_ttft, engine.adapter.num_layers) for r in results.values()]
+    full_macs = statistics.mean(results["full prefill"].macs)
+    return [r.summary(full_ttft, engine.adapter.num_layers, full_macs) for r in results.values()]
 
 
 def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict]) -> dict:
@@ -212,11 +221,12 @@ def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) ->
 
 def markdown(rows: list[dict], title: str) -> str:
     gold = any(r["f1_vs_gold"] is not None for r in rows)
-    head = "| method | recomputed | TTFT (s) | speedup | floor | KV load (s) | KL vs full | answer F1 vs full |"
-    lines = [f"**{title}**", "", head + (" F1 vs gold |" if gold else ""), "|" + "---|" * (8 + gold)]
+    head = "| method | recomputed | TTFT (s) | speedup | floor | MAC floor | KV load (s) | KL vs full | answer F1 vs full |"
+    lines = [f"**{title}**", "", head + (" F1 vs gold |" if gold else ""), "|" + "---|" * (9 + gold)]
     for r in rows:
         line = (
             f"| {r['method']} | {r['recomputed_share']:.1%} | {r['ttft_s']:.3f} | {r['speedup']:.2f}x | {r['floor']:.2f}x "
+            f"| {r['mac_floor']:.2f}x "
             f"| {r['load_s']:.3f} | {r['kl']:.4f} | {r['f1_vs_full']:.3f} |"
         )
         lines.append(line + (f" {r['f1_vs_gold']:.3f} |" if gold else ""))
