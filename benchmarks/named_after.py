@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/named_after.py --model qwen2.5-0.5b-instruct --split dev --count 100 --methods "nb1 lexical named,nb1 named next,nb1 named after"
     .venv/bin/python benchmarks/named_after.py --quick     # 1 dev fact question, the named chunk and "nb1 named after"
+    .venv/bin/python benchmarks/named_after.py --by-target docs/runs/named_after_dev_qwen.json   # runs nothing
 
 On Qwen 0.5B's development facts the named chunk's budget (Qwen's default) loses the answers full
 prefill gets right mostly where the passage the question names is the prompt's second: there it
@@ -13,6 +14,10 @@ measures what recomputing them too is worth, and what it costs:
 - ``"nb1 named next"``: the named chunk and the one after it, whole;
 - ``"nb1 named after"``: the named chunk and every chunk after it, whole.
 
+``--by-target`` reads a select_eval run file of the generated facts and prints, per place of the
+answer's passage in the prompt, how many answers full prefill gets right and how many each method
+loses of them (the questions are generated again from the run's split, start and count).
+
 Both read the same records as ``"nb1 lexical named"`` (1 neighbour, lead records) and fall back to
 its budget (5% by deviation) where the question names no chunk, or names the first one read
 alone. They are measurements, not product options: the recompute they spend is whatever the
@@ -22,7 +27,9 @@ is select_eval.py's, so the tables, run files and the full-prefill reference are
 
 from __future__ import annotations
 
+import json
 import sys
+from collections import Counter
 
 import torch
 
@@ -57,8 +64,33 @@ def register() -> None:
     select_eval.METHODS["nb1 named after"] = (config, NamedAfter(None))
 
 
+def by_target(path: str) -> str:
+    """The table ``--by-target`` prints: per target place, answers full prefill gets right, and
+    per method how many of them it loses."""
+    run = json.load(open(path))
+    meta, rows = run["meta"], run["questions"]
+    if meta["dataset"] != "facts" or meta.get("target", "any") != "any":
+        raise SystemExit(f"{path}: --by-target reads runs of the generated facts in their own order")
+    qs = select_eval.questions(meta["split"], meta["start"] + meta["count"])[meta["start"]:]
+    methods = [m for m in rows if m != "full prefill"]
+    right = [i for i, r in enumerate(rows["full prefill"]["right"]) if r]
+    kept_able = Counter(qs[i].target for i in right)
+    lines = ["| answer's passage | full prefill right | " + " | ".join(f"{m}: lost" for m in methods) + " |",
+             "|---|---|" + "---|" * len(methods)]
+    for place in sorted(kept_able):
+        lost = [sum(1 for i in right if qs[i].target == place and not rows[m]["right"][i]) for m in methods]
+        lines.append(f"| {place + 1} of 6 | {kept_able[place]} | " + " | ".join(map(str, lost)) + " |")
+    lost = [sum(1 for i in right if not rows[m]["right"][i]) for m in methods]
+    lines.append(f"| all | {len(right)} | " + " | ".join(map(str, lost)) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--by-target"]:
+        for path in argv[1:]:
+            print(f"{path}\n{by_target(path)}\n")
+        return
     register()
     select_eval.__doc__ = __doc__  # what --help describes
     if "--quick" in argv:  # select_eval's quick run with this script's method (its --quick fixes the methods)

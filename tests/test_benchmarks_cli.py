@@ -135,6 +135,11 @@ def test_named_after_quick(tmp_path, tiny_model_dir):
     methods = data["methods"]
     assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named after"}
     assert methods["nb1 named after"]["share"] > methods["nb1 lexical named"]["share"] > 0.05
+    proc = _run([sys.executable, str(BENCH / "named_after.py"), "--by-target", str(tmp_path / "run.json")])
+    rows, right = data["questions"], data["questions"]["full prefill"]["right"]
+    lost = [sum(1 for r, m in zip(right, rows[name]["right"]) if r and not m) for name in ("nb1 lexical named", "nb1 named after")]
+    assert proc.returncode == 0 and f"| all | {sum(map(bool, right))} | {lost[0]} | {lost[1]} |" in proc.stdout
+    assert "| 4 of 6 |" in proc.stdout or not any(right)  # the question's answer is in its fourth passage
 
 
 def test_gate_eval_quick_and_its_policies(tmp_path):
