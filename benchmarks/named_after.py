@@ -125,6 +125,8 @@ def by_target(path: str) -> str:
     """The table ``--by-target`` prints: per target place, answers full prefill gets right, and
     per method how many of them it loses."""
     run = json.load(open(path))
+    if "questions" not in run:
+        raise SystemExit(f"{path}: no per-question rows (select_eval keeps them since stop 33)")
     meta, rows = run["meta"], run["questions"]
     if meta["dataset"] != "facts" or meta.get("target", "any") != "any":
         raise SystemExit(f"{path}: --by-target reads runs of the generated facts in their own order")

@@ -103,6 +103,7 @@ def test_every_uncached_token_is_recomputed(make_engine, family):
     engine.warm([CHUNKS[0], CHUNKS[2]])  # CHUNKS[1] misses
     asm = assembled(engine, request(engine, (1, 0, 2)))
     assert (asm.hits, asm.misses) == (2, 1)
+    assert asm.input.cached[:, :, :, ~asm.input.reused].eq(0).all()  # assemble zeroes what nothing covers
     asm.input.cached[:, :, :, ~asm.input.reused] = float("nan")
     for schedule in ({0: 0.0}, {1: 0.0}, {1: 0.3}, {1: 0.5, 2: 0.1}):
         out = blend_prefill(engine.adapter, asm.input, DeviationSelector("kv"), schedule)

@@ -129,7 +129,11 @@ def _gather(found: list[tuple[ChunkRecord, list[int], list[int]]], n: int, devic
     layers, two, heads, _, dim = found[0][0].kv.shape
     home = found[0][0].kv.device
     pin = device.type == "cuda" and home.type == "cpu"
-    cached = torch.zeros((layers, two, heads, n, dim), dtype=found[0][0].kv.dtype, device=home, pin_memory=pin)
+    cached = torch.empty((layers, two, heads, n, dim), dtype=found[0][0].kv.dtype, device=home, pin_memory=pin)
+    uncovered = torch.ones(n, dtype=torch.bool)
+    for _, rows, _ in found:
+        uncovered[rows] = False
+    cached[:, :, :, uncovered.to(home)] = 0  # only the uncached rows: zeroing all ~70 MB cost ~1% of a TTFT
     device = home
     for record, rows, chunk_rows in found:
         src = record.kv.to(device)  # [layers, 2, kv_heads, T, head_dim]
