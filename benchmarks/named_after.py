@@ -23,9 +23,10 @@ are what misleads the question, so they read the other record each chunk has):
 
 - ``"nb1 named lead after"``: the named chunk recomputed whole, as ``"nb1 lexical named"``, and every
   chunk after it reads its lead record (warmed behind the chunk context alone) instead of its
-  record warmed behind a neighbour; the chunks before it read what the default reads. The named
-  chunk is found before the blend, from the chunks' ids and the question's (the prompt's text
-  after the last chunk, tokenized), as ``lexical.named_chunk`` finds it;
+  record warmed behind a neighbour; the chunks before it read what the default reads
+  (``BlendConfig(lead_after_named=True)``: the named chunk is found before the blend from the
+  chunks' ids and the question's, ``lexical.named_before_blend``; the runs made at d7929f1 and
+  cbf70f6 made the same choice with a records hook in this script);
 - ``"lexical named"``: the named chunk's budget over chunks warmed alone (every chunk reads the
   record CacheBlend's warming makes; the lead records are those).
 
@@ -49,42 +50,6 @@ import select_eval
 from cacheblend.blending.lexical import chunk_scores, named_chunk
 from cacheblend.blending.question import chunk_ids
 from cacheblend.blending.selection import Candidates, DeviationSelector
-
-
-_asked: dict[str, list[int]] = {"ids": []}  # the question of the prefill under way (``_stashing``)
-
-
-def _stashing(run):
-    """Prefiller.run, keeping its request's question ids for the records function (which sees only
-    the chunks' ids): the prompt's text after its last chunk, tokenized as a chunk is."""
-
-    def wrapped(self, request, *args, **kwargs):
-        chunks = request.text.chunks
-        tail = request.text.text[chunks[-1].end:] if chunks else ""
-        _asked["ids"] = list(self.encode_chunk(tail).ids) if tail else []
-        return run(self, request, *args, **kwargs)
-
-    return wrapped
-
-
-def lead_after(warmed):
-    """A records function over ``warmed``'s records (1 neighbour, with lead records): the first
-    chunk and every chunk after the one the question names read their lead records, the others
-    their records warmed behind a neighbour (all of them, where it names none)."""
-
-    def lookup(chunks: list[list[int]]):
-        best = None
-        if chunks and _asked["ids"]:
-            ids = torch.tensor([t for c in chunks for t in c])
-            chunk = torch.tensor([i for i, c in enumerate(chunks) for _ in c])
-            best = named_chunk(chunk_scores(ids, chunk, torch.tensor(_asked["ids"])), first_alone=True)
-        out = []
-        for i, ids in enumerate(chunks):
-            plain, lead = warmed.kv.record_keys(ids)
-            out.append(warmed.kv.stores.get(lead if i == 0 or (best is not None and i > best) else plain))
-        return out
-
-    return lookup
 
 
 class NamedAfter:
@@ -111,14 +76,7 @@ def register() -> None:
     select_eval.METHODS["nb1 named next"] = (config, NamedAfter(1))
     select_eval.METHODS["nb1 named after"] = (config, NamedAfter(None))
     select_eval.METHODS["lexical named"] = (replace(config, neighbours=0), None)
-    # "nb1 named lead after" reads select_eval's placed records (the PRESENT methods' hook) with
-    # this script's records function
-    select_eval.METHODS["nb1 named lead after"] = (config, None)
-    select_eval.PRESENT["nb1 named lead after"] = "lead after"
-    placed = select_eval._placed_records
-    select_eval._placed_records = lambda warmed, pool: (
-        lambda flag: lead_after(warmed) if flag == "lead after" else placed(warmed, pool)(flag))
-    select_eval.Prefiller.run = _stashing(select_eval.Prefiller.run)
+    select_eval.METHODS["nb1 named lead after"] = (replace(config, lead_after_named=True), None)
 
 
 def by_target(path: str) -> str:
@@ -155,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     if "--quick" in argv:  # select_eval's quick run with this script's method (its --quick fixes the methods)
         argv = [a for a in argv if a != "--quick"]
         argv += ["--dataset", "facts", "--split", "dev", "--count", "1", "--answer-tokens", "8",
-                 "--methods", "nb1 lexical named,nb1 named after"]
+                 "--methods", "nb1 lexical named,nb1 named after,nb1 named lead after"]
     select_eval.main(argv)
 
 

@@ -130,15 +130,19 @@ def test_key_temperature_quick(tmp_path, tiny_model_dir):
 
 def test_named_after_quick(tmp_path, tiny_model_dir):
     """The first development question names its fourth passage (of six): recomputing it and the
-    two after it, whole, recomputes more than the named chunk alone, from the same records."""
+    two after it, whole, recomputes more than the named chunk alone, from the same records; reading
+    the lead records of those two recomputes as much and changes the blend."""
     data = _quick("named_after.py", tmp_path, tiny_model_dir)
     methods = data["methods"]
-    assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named after"}
+    assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named after", "nb1 named lead after"}
     assert methods["nb1 named after"]["share"] > methods["nb1 lexical named"]["share"] > 0.05
+    # the same rows recomputed over other records (the two chunks after the named one: lead records)
+    assert methods["nb1 named lead after"]["share"] == methods["nb1 lexical named"]["share"]
+    assert methods["nb1 named lead after"]["kl"] != methods["nb1 lexical named"]["kl"]
     proc = _run([sys.executable, str(BENCH / "named_after.py"), "--by-target", str(tmp_path / "run.json")])
     rows, right = data["questions"], data["questions"]["full prefill"]["right"]
-    lost = [sum(1 for r, m in zip(right, rows[name]["right"]) if r and not m) for name in ("nb1 lexical named", "nb1 named after")]
-    assert proc.returncode == 0 and f"| all | {sum(map(bool, right))} | {lost[0]} | {lost[1]} |" in proc.stdout
+    lost = [sum(1 for r, m in zip(right, rows[name]["right"]) if r and not m) for name in list(methods)[1:]]
+    assert proc.returncode == 0 and f"| all | {sum(map(bool, right))} | " + " | ".join(map(str, lost)) + " |" in proc.stdout
     assert "| 4 of 6 |" in proc.stdout or not any(right)  # the question's answer is in its fourth passage
 
 

@@ -107,10 +107,11 @@ class ChunkKV:
             self.finder.add(c.text for c in chunks)
         return report.keys
 
-    def records(self, chunks: list[list[int]]) -> list[ChunkRecord | None]:
-        """The records a prompt's chunks (token ids, in prompt order) read, None for a miss."""
+    def records(self, chunks: list[list[int]], lead_from: int | None = None) -> list[ChunkRecord | None]:
+        """The records a prompt's chunks (token ids, in prompt order) read, None for a miss; with
+        lead records, the chunks from ``lead_from`` on read theirs (``StoreChain.prompt_records``)."""
         with self.lock:
-            return self.stores.prompt_records(chunks, self.record_keys)
+            return self.stores.prompt_records(chunks, self.record_keys, lead_from)
 
     # -- warm on miss ----------------------------------------------------------------------------
     def missed(self, texts: list[str]) -> None:

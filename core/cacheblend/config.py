@@ -112,6 +112,8 @@ class BlendConfig:
             prefill, reported in ``BlendStats.doubt_step`` and ``redone_tokens``.
         doubt_ratio: the recompute ratio of the doubt gate's second prefill (1.0: a full prefill);
             a prefill already at or above it has no gate.
+        lead_after_named: with lead records and ``selector="lexical"``, the chunks after the one the
+            question names read their lead records (docs/LEXICAL-SELECTOR.md: Qwen's, not SmolLM2's).
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -138,6 +140,7 @@ class BlendConfig:
     auto_threshold: float = 0.00096  # SmolLM2's development fit (mean 14.6%); not Qwen's: docs/ADAPTIVE-BUDGET.md
     doubt_margin: float = 0.0
     doubt_ratio: float = 1.0
+    lead_after_named: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))
@@ -198,6 +201,9 @@ class BlendConfig:
             raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
         if self.auto_budget and self.selector == "question":
             raise ValueError("the auto budget reads its signal at a check layer; selector 'question' has none")
+        if self.lead_after_named not in (True, False) or (self.lead_after_named and not (
+                self.selector == "lexical" and self.neighbours > 0 and self.lead_alone)):
+            raise ValueError("lead_after_named must be True or False, True only with selector='lexical' and lead records")
 
     @property
     def recompute_ratio(self) -> float:

@@ -5,7 +5,7 @@ function for chunk spans, a ``records`` function (chunk ids in prompt order -> t
 places read, None for a miss) and the engine's config and selector. ``run`` takes one request:
 
 1. the chunk spans' own encodings (``prompts.assemble.chunk_encodings``), skipped for a full prefill;
-2. their records, in one call (one round trip per tier);
+2. their records, in one call (one round trip per tier; which record each chunk reads: ``_records``);
 3. ``assemble`` (pure: ids + cached rows), then ``blend_prefill`` (the algorithm, in
    ``blending/blend.py``);
 4. the statistics, and the texts of the chunks that missed (``Prefilled.missed``: what warm on
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .blending.blend import blend_prefill
+from .blending.lexical import named_before_blend
 from .blending.selection import Selector
 from .blending.selectors import make_selector
 from .config import BlendConfig
@@ -63,7 +64,7 @@ class Prefiller:
         full = cfg.recompute_ratio >= 1.0 or cfg.selector == "all"
         chunks = [] if full else chunk_encodings(request.text, self.encode_chunk)
         t = time.perf_counter()
-        records = list(self.records([c.ids for c in chunks])) if chunks else []
+        records = list(self._records(request, [c.ids for c in chunks], cfg)) if chunks else []
         lookup_s = time.perf_counter() - t
         # the first chunk reads a record warmed behind the chunk context alone: its lead record, or any
         # record of an engine warming alone (a lead record lost from every tier while its plain one
@@ -86,6 +87,15 @@ class Prefiller:
             again = replace(cfg, doubt_margin=0.0)
             doubt = Doubt(cfg.doubt_margin, lambda: self.run(request, cfg.doubt_ratio, again))
         return Prefilled(self.adapter, asm.input.ids, out, stats, missed, doubt)
+
+    def _records(self, request: Request, chunks: list[list[int]], cfg: BlendConfig):
+        """Step 2. With ``lead_after_named`` the chunks after the one the question names (its text
+        after the last chunk, tokenized as chunks are) read their lead records."""
+        if not cfg.lead_after_named:
+            return self.records(chunks)
+        tail = request.text.text[request.text.chunks[-1].end:]
+        named = named_before_blend(chunks, list(self.encode_chunk(tail).ids) if tail else [])
+        return self.records(chunks) if named is None else self.records(chunks, lead_from=named + 1)
 
     def call_config(self, config: BlendConfig | None) -> BlendConfig:
         """The config of one call: ``config`` may change the blend knobs, never what keys the KV,

@@ -6,6 +6,8 @@ the candidates' own token ids and the question's, and at ratio 1.0 / 0.0 it is f
 full reuse like every selector.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -204,3 +206,35 @@ def test_the_named_budget_skips_the_first_chunk_when_its_kv_was_warmed_alone(mak
         assert first.recompute_ratio == low and first.recomputed_tokens < second.recomputed_tokens
     else:
         assert first.recompute_ratio == pytest.approx(ink / first.hit_tokens, abs=2 / first.hit_tokens)
+
+
+def test_lead_after_named_reads_the_lead_records_of_the_chunks_after_the_named_one(make_engine):
+    """With ``lead_after_named`` the records read are: the first chunk's and every chunk's after
+    the named one lead records, the named one's and those between their neighbour-warmed ones. The
+    blend is then exactly the one over those records picked by hand, and not the default's."""
+    engine = make_engine("llama", neighbours=1, selector="lexical", auto_budget=True, auto_signal="named_share")
+    engine.warm(CHUNKS)
+    order = [CHUNKS[1], CHUNKS[0], CHUNKS[2]]  # the question names CHUNKS[0], second here
+    on = replace(engine.config, lead_after_named=True)
+    got = engine.prefill(chunks=order, query=QUESTION, config=on)
+    default = engine.prefill(chunks=order, query=QUESTION)
+
+    def by_hand(chunks, lead_from=None):
+        keys = [engine.kv.record_keys(ids) for ids in chunks]
+        return [engine.kv.stores.get(lead if i in (0, 2) else plain) for i, (plain, lead) in enumerate(keys)]
+
+    from cacheblend.prefilling import Prefiller
+    hand = Prefiller(engine.adapter, engine.kv.encode, by_hand, engine.config).run(engine.request(chunks=order, query=QUESTION))
+    assert got.stats.chunk_hits == 3 and got.stats.recomputed_tokens == default.stats.recomputed_tokens
+    torch.testing.assert_close(got.output.logits, hand.output.logits, atol=0, rtol=0)
+    assert not torch.equal(got.output.logits, default.output.logits)
+    last = engine.prefill(chunks=[CHUNKS[1], CHUNKS[2], CHUNKS[0]], query=QUESTION, config=on)  # named last: none after it
+    plain = engine.prefill(chunks=[CHUNKS[1], CHUNKS[2], CHUNKS[0]], query=QUESTION)
+    assert torch.equal(last.output.logits, plain.output.logits)
+
+
+def test_lead_after_named_needs_the_lexical_selector_and_lead_records():
+    for bad in (dict(), dict(selector="lexical", lead_alone=False), dict(selector="lexical", neighbours=0)):
+        with pytest.raises(ValueError, match="lead_after_named"):
+            BlendConfig(lead_after_named=True, **bad)
+    assert BlendConfig(selector="lexical", lead_after_named=True).lead_after_named

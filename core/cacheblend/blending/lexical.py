@@ -46,6 +46,16 @@ def named_chunk(scores: torch.Tensor, first_alone: bool = False) -> int | None:
     return None if best == 0 and first_alone else best
 
 
+def named_before_blend(chunks: list[list[int]], question_ids: list[int]) -> int | None:
+    """``named_chunk`` of a prompt's chunks (token ids, prompt order; the first read alone) before
+    any record is read: what ``BlendConfig(lead_after_named=True)`` reads its records by."""
+    if not chunks or not question_ids:
+        return None
+    ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long)
+    chunk = torch.tensor([i for i, c in enumerate(chunks) for _ in c], dtype=torch.long)
+    return named_chunk(chunk_scores(ids, chunk, torch.tensor(question_ids, dtype=torch.long)), first_alone=True)
+
+
 def named_share(ids: torch.Tensor, chunk: torch.Tensor, question_ids: torch.Tensor, first_alone: bool = False) -> float:
     """The share of the ``n`` reused tokens held by the chunk the question names (``named_chunk``;
     0 when there is none): the budget that recomputes that chunk whole (``auto_signal="named_share"``)."""

@@ -59,16 +59,19 @@ class StoreChain:
                 found[key] = record
         return [found[k] for k in keys]
 
-    def prompt_records(self, chunks: Sequence[Sequence[int]], keys: RecordKeys) -> list[ChunkRecord | None]:
+    def prompt_records(self, chunks: Sequence[Sequence[int]], keys: RecordKeys,
+                       lead_from: int | None = None) -> list[ChunkRecord | None]:
         """The records a prompt's chunks (token ids, in prompt order) read, in two lookups at most.
         With lead records (``keys.lead_alone``) the first chunk reads its ``lead`` record (warmed
-        alone: nothing but the prompt's head precedes it) and the others their records warmed
-        behind neighbours; a chunk lacking the record its place asks for uses its other one."""
+        alone: nothing but the prompt's head precedes it), and so does every chunk from
+        ``lead_from`` on; the others read their records warmed behind neighbours. A chunk lacking
+        the record its place asks for uses its other one."""
+        lead_at = [i == 0 or (lead_from is not None and i >= lead_from) for i in range(len(chunks))]
         pairs = [keys(ids) for ids in chunks]  # (as warmed, lead or None) per chunk
-        records = self.get_many([lead if i == 0 and lead else plain for i, (plain, lead) in enumerate(pairs)])
+        records = self.get_many([lead if at and lead else plain for at, (plain, lead) in zip(lead_at, pairs)])
         missing = [i for i, r in enumerate(records) if r is None and pairs[i][1]]
         if missing:
-            other = [pairs[i][1] if i else pairs[i][0] for i in missing]
+            other = [pairs[i][1] if not lead_at[i] else pairs[i][0] for i in missing]
             for i, record in zip(missing, self.get_many(other)):
                 records[i] = record
         return records
