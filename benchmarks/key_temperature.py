@@ -65,12 +65,7 @@ def register() -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     register()
-    select_eval.__doc__ = __doc__  # what --help describes
-    if "--quick" in argv:  # select_eval's quick run, with a tempered method (its --quick fixes the methods)
-        argv = [a for a in argv if a != "--quick"]
-        argv += ["--dataset", "facts", "--split", "dev", "--count", "1", "--answer-tokens", "8",
-                 "--methods", "nb1 reuse,nb1 reuse t0.9"]
-    select_eval.main(argv)
+    select_eval.main_with(__doc__, "nb1 reuse,nb1 reuse t0.9", argv)
 
 
 if __name__ == "__main__":

@@ -109,12 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{path}\n{by_target(path)}\n")
         return
     register()
-    select_eval.__doc__ = __doc__  # what --help describes
-    if "--quick" in argv:  # select_eval's quick run with this script's method (its --quick fixes the methods)
-        argv = [a for a in argv if a != "--quick"]
-        argv += ["--dataset", "facts", "--split", "dev", "--count", "1", "--answer-tokens", "8",
-                 "--methods", "nb1 lexical named,nb1 named after,nb1 named lead after"]
-    select_eval.main(argv)
+    select_eval.main_with(__doc__, "nb1 lexical named,nb1 named after,nb1 named lead after", argv)
 
 
 if __name__ == "__main__":

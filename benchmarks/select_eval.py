@@ -465,6 +465,18 @@ def table(summary: dict[str, dict], count: int) -> str:
     return "\n".join(lines) + f"\n\n{count} questions"
 
 
+def main_with(doc: str, quick_methods: str, argv: list[str]) -> None:
+    """The command of a script that adds methods of its own (key_temperature.py, named_after.py):
+    ``doc`` is what --help describes, and --quick runs one development fact question with
+    ``quick_methods`` (this module's own --quick fixes the methods)."""
+    global __doc__
+    __doc__ = doc
+    if "--quick" in argv:
+        argv = [a for a in argv if a != "--quick"]
+        argv += ["--dataset", "facts", "--split", "dev", "--count", "1", "--answer-tokens", "8", "--methods", quick_methods]
+    main(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap, quick="1 development fact question, methods reuse and deviation, 8 answer tokens")
