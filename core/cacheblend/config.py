@@ -113,7 +113,7 @@ class BlendConfig:
         doubt_ratio: the recompute ratio of the doubt gate's second prefill (1.0: a full prefill);
             a prefill already at or above it has no gate.
         lead_after_named: with lead records and ``selector="lexical"``, the chunks after the one the
-            question names read their lead records (docs/LEXICAL-SELECTOR.md: Qwen's, not SmolLM2's).
+            question names read their lead records (helps Qwen's lookups only: docs/LEXICAL-SELECTOR.md).
     """
 
     check_layers: tuple[int, ...] = (1,)
