@@ -30,11 +30,11 @@ are what misleads the question, so they read the other record each chunk has):
 - ``"lexical named"``: the named chunk's budget over chunks warmed alone (every chunk reads the
   record CacheBlend's warming makes; the lead records are those).
 
-The first three read the same records as ``"nb1 lexical named"`` (1 neighbour, lead records) and fall back to
-its budget (5% by deviation) where the question names no chunk, or names the first one read
-alone. They are measurements, not product options: the recompute they spend is whatever the
-chunks hold (the ``recomputed`` column says it), above the goals' 15% mean. Every other argument
-is select_eval.py's, so the tables, run files and the full-prefill reference are its.
+Every method falls back to the named chunk's budget (5% by deviation) where the question names no
+chunk, or names the first one read alone. ``"nb1 named next"`` and ``"nb1 named after"`` are
+measurements, not product options: the recompute they spend is whatever the chunks hold (the
+``recomputed`` column says it), above the goals' 15% mean. Every other argument is
+select_eval.py's, so the tables, run files and the full-prefill reference are its.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class NamedAfter:
 
 
 def register() -> None:
-    """Adds the two methods to select_eval's, over the named chunk's config (its records, its budget)."""
+    """Adds this script's four methods to select_eval's, each over the named chunk's config (its
+    budget; its records, except "lexical named": chunks warmed alone)."""
     config = select_eval.METHODS["nb1 lexical named"][0]
     select_eval.METHODS["nb1 named next"] = (config, NamedAfter(1))
     select_eval.METHODS["nb1 named after"] = (config, NamedAfter(None))

@@ -71,7 +71,7 @@ class StoreChain:
         records = self.get_many([lead if at and lead else plain for at, (plain, lead) in zip(lead_at, pairs)])
         missing = [i for i, r in enumerate(records) if r is None and pairs[i][1]]
         if missing:
-            other = [pairs[i][1] if not lead_at[i] else pairs[i][0] for i in missing]
+            other = [pairs[i][0] if lead_at[i] else pairs[i][1] for i in missing]  # the record its place did not ask for
             for i, record in zip(missing, self.get_many(other)):
                 records[i] = record
         return records
