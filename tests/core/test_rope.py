@@ -94,7 +94,7 @@ def test_rotate_half_and_rotation_preserve_norms():
 
 @pytest.mark.parametrize("store", [torch.float16, torch.bfloat16, torch.float32])
 def test_realign_is_the_cast_then_apply_rope_bit_for_bit(store):
-    """The blend realigns every cached layer in one fused pass (the cast inside the rotation);
+    """The blend realigns every cached layer in place after one cast;
     in fp32 it must be exactly what casting and then ``apply_rope`` give, for any store dtype."""
     gen = torch.Generator().manual_seed(0)
     cached = torch.randn(2, 3, 37, 16, generator=gen).to(store)  # [2, Hkv, N, d]
