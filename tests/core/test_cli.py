@@ -57,10 +57,14 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     rows = json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]
     by = {r["method"]: r for r in rows}
     alone = {"CacheBlend 15% (chunks warmed alone)", "EPIC chunk start 15% (alone)"}  # the default warms behind neighbours
-    assert set(by) == {"full prefill", "prefix caching", "full reuse", "cacheblend 15%"} | alone
+    assert set(by) == {"full prefill", "prefix caching", "full reuse", "cacheblend 15%", "full reuse (chunks warmed alone)"} | alone
     assert by["full prefill"]["kl"] == 0 and by["full prefill"]["speedup"] == 1
     assert all(by[name]["recomputed_share"] == by["cacheblend 15%"]["recomputed_share"] for name in alone)
     assert by["full reuse"]["recomputed_share"] < by["cacheblend 15%"]["recomputed_share"] < 0.3
+    assert by["full reuse (chunks warmed alone)"]["recomputed_share"] == by["full reuse"]["recomputed_share"]
+    line = next(x for x in text.splitlines() if x.startswith("| cacheblend 15% |"))  # KL over both full reuses
+    own, alone_kl = by["full reuse"]["kl"], by["full reuse (chunks warmed alone)"]["kl"]
+    assert f"| {by['cacheblend 15%']['kl'] / own:.2f}x; {by['cacheblend 15%']['kl'] / alone_kl:.2f}x |" in line
     assert by["full prefill"]["mac_floor"] == 1 < by["cacheblend 15%"]["mac_floor"] < by["full reuse"]["mac_floor"]
     assert (tmp_path / "b" / "bench.png").stat().st_size > 10_000
 
