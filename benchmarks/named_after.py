@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/named_after.py --model qwen2.5-0.5b-instruct --split dev --count 100 --methods "nb1 lexical named,nb1 named next,nb1 named after"
     .venv/bin/python benchmarks/named_after.py --quick     # 1 dev fact question, the named chunk and "nb1 named after"
     .venv/bin/python benchmarks/named_after.py --by-target docs/runs/named_after_dev_qwen.json   # runs nothing
+    .venv/bin/python benchmarks/named_after.py --lost docs/runs/named_lead_after_dev_qwen.json     # runs nothing
 
 On Qwen 0.5B's development facts the named chunk's budget (Qwen's default) loses the answers full
 prefill gets right mostly where the passage the question names is the prompt's second: there it
@@ -17,6 +18,9 @@ measures what recomputing them too is worth, and what it costs:
 ``--by-target`` reads a select_eval run file of the generated facts and prints, per place of the
 answer's passage in the prompt, how many answers full prefill gets right and how many each method
 loses of them (the questions are generated again from the run's split, start and count).
+``--lost`` reads the same files and says where each lost answer's value comes from: a value of
+another passage of the prompt (before or after the answer's passage), another attribute of the
+answer's own passage, or none of the prompt's values.
 
 And one that recomputes nothing more, the answer to the diagnosis (the passages after the named one
 are what misleads the question, so they read the other record each chunk has):
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import json
 import sys
+import re
 from collections import Counter
 from dataclasses import replace
 
@@ -50,6 +55,7 @@ import select_eval
 from cacheblend.blending.lexical import chunk_scores, named_chunk
 from cacheblend.blending.question import chunk_ids
 from cacheblend.blending.selection import Candidates, DeviationSelector
+from cacheblend.tools.factset import entities
 
 
 class NamedAfter:
@@ -80,16 +86,21 @@ def register() -> None:
     select_eval.METHODS["nb1 named lead after"] = (replace(config, lead_after_named=True), None)
 
 
-def by_target(path: str) -> str:
-    """The table ``--by-target`` prints: per target place, answers full prefill gets right, and
-    per method how many of them it loses."""
+def _facts_run(path: str) -> tuple[dict, dict, list]:
+    """(meta, per-question rows, the questions regenerated) of a select_eval run of the facts."""
     run = json.load(open(path))
     if "questions" not in run:
         raise SystemExit(f"{path}: no per-question rows (select_eval keeps them since stop 33)")
     meta, rows = run["meta"], run["questions"]
     if meta["dataset"] != "facts" or meta.get("target", "any") != "any":
-        raise SystemExit(f"{path}: --by-target reads runs of the generated facts in their own order")
-    qs = select_eval.questions(meta["split"], meta["start"] + meta["count"])[meta["start"]:]
+        raise SystemExit(f"{path}: --by-target and --lost read runs of the generated facts in their own order")
+    return meta, rows, select_eval.questions(meta["split"], meta["start"] + meta["count"])[meta["start"]:]
+
+
+def by_target(path: str) -> str:
+    """The table ``--by-target`` prints: per target place, answers full prefill gets right, and
+    per method how many of them it loses."""
+    meta, rows, qs = _facts_run(path)
     methods = [m for m in rows if m != "full prefill"]
     right = [i for i, r in enumerate(rows["full prefill"]["right"]) if r]
     kept_able = Counter(qs[i].target for i in right)
@@ -103,11 +114,47 @@ def by_target(path: str) -> str:
     return "\n".join(lines)
 
 
+SOURCES = ("another passage, before the answer's", "another passage, after the answer's",
+           "the answer's passage, another attribute", "no value of the prompt")
+
+
+def value_source(answer: str, passages: list[str], target: int, values: set[str]) -> str:
+    """Where a wrong ``answer``'s value comes from (one of ``SOURCES``): ``values`` holds every
+    value of the split's entities (years, founders, cities, emblems); the first one the answer
+    names (word-bounded) that a prompt passage holds decides, the answer's own passage first
+    (an emblem or a year can belong to several entities)."""
+    def names(v: str, text: str) -> bool:
+        return re.search(rf"\b{re.escape(v)}\b", text) is not None
+
+    for _, value in sorted((m.start(), v) for v in values for m in re.finditer(rf"\b{re.escape(v)}\b", answer)):
+        if names(value, passages[target]):
+            return SOURCES[2]
+        holders = [i for i, p in enumerate(passages) if names(value, p)]
+        if holders:
+            return SOURCES[0] if holders[0] < target else SOURCES[1]
+    return SOURCES[3]
+
+
+def lost(path: str) -> str:
+    """The table ``--lost`` prints: per method, its answers full prefill gets right that it
+    loses, by where the value it answered comes from (``value_source``)."""
+    meta, rows, qs = _facts_run(path)
+    values = {v for e in entities(meta["split"], 40) for v in (e.year, e.founder, e.city, e.emblem)}  # questions' pool
+    right = [i for i, r in enumerate(rows["full prefill"]["right"]) if r]
+    lines = ["| method | lost | " + " | ".join(SOURCES) + " |", "|---|---|" + "---|" * len(SOURCES)]
+    for m in (m for m in rows if m != "full prefill"):
+        gone = [i for i in right if not rows[m]["right"][i]]
+        where = Counter(value_source(rows[m]["answer"][i], qs[i].passages, qs[i].target, values) for i in gone)
+        lines.append(f"| {m} | {len(gone)} | " + " | ".join(str(where[s]) for s in SOURCES) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--by-target"]:
+    if argv[:1] in (["--by-target"], ["--lost"]):
+        table = by_target if argv[0] == "--by-target" else lost
         for path in argv[1:]:
-            print(f"{path}\n{by_target(path)}\n")
+            print(f"{path}\n{table(path)}\n")
         return
     register()
     select_eval.main_with(__doc__, "nb1 lexical named,nb1 named after,nb1 named lead after", argv)

@@ -146,6 +146,33 @@ def test_named_after_quick(tmp_path, tiny_model_dir):
     assert "| 4 of 6 |" in proc.stdout or not any(right)  # the question's answer is in its fourth passage
 
 
+def test_named_after_lost_says_where_each_lost_value_comes_from():
+    """``--lost`` sorts a method's lost answers by the passage their value comes from: the answer's
+    own passage first (values such as emblems repeat across entities), then the earliest other
+    holder; on a committed run its counts add up to the answers the method loses."""
+    sys.path.insert(0, str(BENCH))
+    from named_after import SOURCES, value_source
+
+    passages = ["The A Guild is based in the city of Ashby. Its emblem is a fox.",
+                "The B Guild was founded in 1801. Its emblem is a fox.",
+                "The C Guild is based in the city of Corby."]
+    values = {"Ashby", "Corby", "1801", "fox", "Dunby"}
+    assert value_source("It is in Corby", passages, 1, values) == SOURCES[1]
+    assert value_source("It is in Ashby", passages, 1, values) == SOURCES[0]
+    assert value_source("founded in 1801", passages, 1, values) == SOURCES[2]
+    assert value_source("a fox", passages, 1, values) == SOURCES[2]  # the answer's passage holds it too
+    assert value_source("a fox", passages, 2, values) == SOURCES[0]
+    assert value_source("in Dunby, or Ashbyton", passages, 1, values) == SOURCES[3]  # word-bounded
+    run = ROOT / "docs" / "runs" / "named_lead_after_dev_qwen.json"
+    proc = _run([sys.executable, str(BENCH / "named_after.py"), "--lost", str(run)])
+    rows = json.loads(run.read_text())["questions"]
+    right = rows["full prefill"]["right"]
+    for name in (m for m in rows if m != "full prefill"):
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(f"| {name} |"))
+        counts = [int(c) for c in line.strip("|").split("|")[1:]]
+        assert counts[0] == sum(1 for r, m in zip(right, rows[name]["right"]) if r and not m) == sum(counts[1:])
+
+
 def test_gate_eval_quick_and_its_policies(tmp_path):
     """gate_eval.py reads select_eval run files. A gate that escalates nothing is its base, one
     that escalates everything costs both passes and answers as the escalation; the AUC counts ties half."""
