@@ -83,3 +83,6 @@ def test_bench_methods_keep_cacheblend_deviation_and_add_an_auto_engines_own_bud
     fixed = table["cacheblend 15%"][0]
     assert (fixed.selector, fixed.auto_budget, fixed.recompute_ratio) == ("lexical", False, 0.15)
     assert "cacheblend auto" not in methods(make_engine(), (0.15,))
+    for name in ("full reuse", "full reuse (chunks warmed alone)"):  # ratio 0: no per-request budget either
+        reuse = table[name][0]
+        assert (reuse.ratios, reuse.auto_budget, reuse.recompute_ratio) == ((0.0,), False, 0.0), name

@@ -95,7 +95,7 @@ def methods(engine: BlendEngine, ratios: tuple[float, ...], baseline: BlendEngin
     chunks warmed alone.
     """
     out: dict[str, tuple] = {"full prefill": (None, engine), "prefix caching": (None, engine)}
-    out["full reuse"] = (replace(engine.config, ratios=(0.0,), check_layers=(1,)), engine)
+    out["full reuse"] = (replace(engine.config, ratios=(0.0,), check_layers=(1,), auto_budget=False), engine)
     for r in ratios:
         out[f"cacheblend {round(r * 100)}%"] = (engine.config.with_ratio(r), engine)
     if engine.config.auto_budget:  # the engine's own per-request budget (Qwen's default: the named chunk)
