@@ -107,11 +107,22 @@ class ChunkKV:
             self.finder.add(c.text for c in chunks)
         return report.keys
 
-    def records(self, chunks: list[list[int]], lead_from: int | None = None) -> list[ChunkRecord | None]:
+    def records(self, chunks: list[list[int]], lead_from: int | None = None,
+                lead_weight: float = 1.0) -> list[ChunkRecord | None]:
         """The records a prompt's chunks (token ids, in prompt order) read, None for a miss; with
-        lead records, the chunks from ``lead_from`` on read theirs (``StoreChain.prompt_records``)."""
+        lead records, the chunks from ``lead_from`` on read theirs (``StoreChain.prompt_records``),
+        or with ``lead_weight`` below 1 their neighbour-warmed record moved that far toward it
+        (``ChunkRecord.toward``; a chunk lacking either record reads the one it has)."""
         with self.lock:
-            return self.stores.prompt_records(chunks, self.record_keys, lead_from)
+            records = self.stores.prompt_records(chunks, self.record_keys, lead_from)
+            if lead_from is None or lead_weight >= 1 or lead_from >= len(chunks):
+                return records
+            plain = self.stores.get_many([self.record_keys(ids)[0] for ids in chunks[lead_from:]])  # as warmed
+        for i, near in enumerate(plain, start=lead_from):
+            lead = records[i]
+            if near is not None and lead is not None and near.key != lead.key:
+                records[i] = near.toward(lead, lead_weight)
+        return records
 
     # -- warm on miss ----------------------------------------------------------------------------
     def missed(self, texts: list[str]) -> None:

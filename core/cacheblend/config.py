@@ -45,12 +45,10 @@ class BlendConfig:
             ``query`` (the tokens the question attends to most at the check layer),
             ``query+deviation`` (both, by weighted rank), ``random`` (ablation), ``chunk_start``
             (EPIC-style, the first tokens of each chunk), ``none`` or ``all``; ``question``
-            (ProphetKV-style, two stages: a full-reuse pass over every layer scores each reused token
-            by the attention the question's rows pay it, then the top ``recompute_ratio`` share is
-            recomputed from layer 0; ``check_layers`` play no part, only the last ratio does; see
-            ``blending.selection.QuestionSelector`` and docs/QUESTION-SELECTOR.md);
-            ``question+deviation`` (that stage-1 score and KV deviation by weighted rank, picked at
-            the check layers of the one-pass blend, after its full-prefill prelude).
+            (ProphetKV-style: a full-reuse pass over every layer scores each reused token by the
+            attention the question's rows pay it, then the top share is recomputed from layer 0;
+            only the last ratio counts: ``QuestionSelector``, docs/QUESTION-SELECTOR.md);
+            ``question+deviation`` (that score and KV deviation by rank, at the check layers).
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
@@ -112,8 +110,9 @@ class BlendConfig:
             prefill, reported in ``BlendStats.doubt_step`` and ``redone_tokens``.
         doubt_ratio: the recompute ratio of the doubt gate's second prefill (1.0: a full prefill);
             a prefill already at or above it has no gate.
-        lead_after_named: with lead records and ``selector="lexical"``, the chunks after the one the
-            question names read their lead records (helps Qwen's lookups only: docs/LEXICAL-SELECTOR.md).
+        lead_after_named: with lead records and ``selector="lexical"``, how far the chunks after the
+            one the question names move from their neighbour-warmed records toward their lead records:
+            0 (False) not at all, 1 (True) all the way, 0.5 halfway (docs/LEXICAL-SELECTOR.md).
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -140,7 +139,7 @@ class BlendConfig:
     auto_threshold: float = 0.00096  # SmolLM2's development fit (mean 14.6%); not Qwen's: docs/ADAPTIVE-BUDGET.md
     doubt_margin: float = 0.0
     doubt_ratio: float = 1.0
-    lead_after_named: bool = False
+    lead_after_named: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))
@@ -201,15 +200,16 @@ class BlendConfig:
             raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
         if self.auto_budget and self.selector == "question":
             raise ValueError("the auto budget reads its signal at a check layer; selector 'question' has none")
-        if self.lead_after_named not in (True, False) or (self.lead_after_named and not (
-                self.selector == "lexical" and self.neighbours > 0 and self.lead_alone)):
-            raise ValueError("lead_after_named must be True or False, True only with selector='lexical' and lead records")
+        w, lexical = self.lead_after_named, self.selector == "lexical" and self.neighbours > 0 and self.lead_alone
+        if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical):
+            raise ValueError(f"lead_after_named must be in [0, 1] (True: 1), above 0 only with selector='lexical' "
+                             f"and lead records; got {w!r}")
+        object.__setattr__(self, "lead_after_named", float(w))
 
     @property
     def recompute_ratio(self) -> float:
-        """The fraction of reused tokens recomputed through the last layers. With ``auto_budget``
-        the least the policy may pick (``auto_min_ratio``); the blend reports the one it picked
-        (``BlendOutput.ratio``, ``BlendStats.recompute_ratio``)."""
+        """The fraction of reused tokens recomputed through the last layers. With ``auto_budget`` the least
+        the policy may pick (``auto_min_ratio``); the blend reports its pick (``BlendStats.recompute_ratio``)."""
         return self.auto_min_ratio if self.auto_budget else self.ratios[-1]
 
     def auto(self) -> AutoRatio | None:

@@ -233,8 +233,44 @@ def test_lead_after_named_reads_the_lead_records_of_the_chunks_after_the_named_o
     assert torch.equal(last.output.logits, plain.output.logits)
 
 
+def test_lead_after_named_half_way_reads_the_mean_of_each_chunks_two_records(make_engine):
+    """``lead_after_named=0.5``: the chunks after the named one read the mean of their
+    neighbour-warmed and lead records (computed in fp32, kept in the records' dtype); the blend is
+    exactly the one over those records built by hand, neither of the two others; records of
+    different shapes (not one chunk's) are refused."""
+    engine = make_engine("llama", neighbours=1, selector="lexical", auto_budget=True, auto_signal="named_share")
+    engine.warm(CHUNKS)
+    order = [CHUNKS[1], CHUNKS[0], CHUNKS[2]]  # the question names CHUNKS[0], second here
+    got = engine.prefill(chunks=order, query=QUESTION, config=replace(engine.config, lead_after_named=0.5))
+    lead = engine.prefill(chunks=order, query=QUESTION, config=replace(engine.config, lead_after_named=True))
+    plain = engine.prefill(chunks=order, query=QUESTION)
+
+    def by_hand(chunks, lead_from=None):
+        keys = [engine.kv.record_keys(ids) for ids in chunks]
+        out = [engine.kv.stores.get(lead if i == 0 else near) for i, (near, lead) in enumerate(keys)]
+        near, far = engine.kv.stores.get(keys[2][0]), engine.kv.stores.get(keys[2][1])
+        mean = (far.kv.float() + 0.5 * (near.kv.float() - far.kv.float())).to(near.kv.dtype)
+        assert not torch.equal(mean, near.kv) and not torch.equal(mean, far.kv)
+        out[2] = type(near)(near.key, mean, near.text)
+        return out
+
+    from cacheblend.prefilling import Prefiller
+    hand = Prefiller(engine.adapter, engine.kv.encode, by_hand, engine.config).run(engine.request(chunks=order, query=QUESTION))
+    assert got.stats.chunk_hits == 3 and got.stats.recomputed_tokens == plain.stats.recomputed_tokens
+    torch.testing.assert_close(got.output.logits, hand.output.logits, atol=0, rtol=0)
+    assert not torch.equal(got.output.logits, lead.output.logits) and not torch.equal(got.output.logits, plain.output.logits)
+    near = engine.kv.stores.get(engine.kv.record_keys(engine.kv.encode(CHUNKS[2]).ids)[0])
+    with pytest.raises(ValueError, match="one shape"):
+        near.toward(type(near)(near.key, near.kv[:, :, :, :-1], near.text), 0.5)
+
+
 def test_lead_after_named_needs_the_lexical_selector_and_lead_records():
     for bad in (dict(), dict(selector="lexical", lead_alone=False), dict(selector="lexical", neighbours=0)):
         with pytest.raises(ValueError, match="lead_after_named"):
             BlendConfig(lead_after_named=True, **bad)
-    assert BlendConfig(selector="lexical", lead_after_named=True).lead_after_named
+    for bad in (-0.1, 1.5, "half", float("nan")):
+        with pytest.raises(ValueError, match="lead_after_named"):
+            BlendConfig(selector="lexical", lead_after_named=bad)
+    assert BlendConfig(selector="lexical", lead_after_named=True).lead_after_named == 1.0
+    assert BlendConfig(selector="lexical", lead_after_named=0.5).lead_after_named == 0.5
+    assert BlendConfig(lead_after_named=False).lead_after_named == 0.0
