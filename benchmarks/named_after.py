@@ -93,7 +93,7 @@ def between(warmed, how: str, alpha: float | None):
     ``lead_from`` their neighbour-warmed ones, and every chunk from ``lead_from`` on a record
     between its two (``BETWEEN``)."""
 
-    def lookup(chunks: list[list[int]], lead_from: int | None = None):
+    def lookup(chunks: list[list[int]], lead_from: int | None = None, lead_weight: float = 1.0):  # weight: the method's
         out = []
         for i, ids in enumerate(chunks):
             plain_key, lead_key = warmed.kv.record_keys(ids)

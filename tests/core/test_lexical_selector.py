@@ -219,7 +219,7 @@ def test_lead_after_named_reads_the_lead_records_of_the_chunks_after_the_named_o
     got = engine.prefill(chunks=order, query=QUESTION, config=on)
     default = engine.prefill(chunks=order, query=QUESTION)
 
-    def by_hand(chunks, lead_from=None):
+    def by_hand(chunks, lead_from=None, lead_weight=1.0):
         keys = [engine.kv.record_keys(ids) for ids in chunks]
         return [engine.kv.stores.get(lead if i in (0, 2) else plain) for i, (plain, lead) in enumerate(keys)]
 
@@ -245,7 +245,7 @@ def test_lead_after_named_half_way_reads_the_mean_of_each_chunks_two_records(mak
     lead = engine.prefill(chunks=order, query=QUESTION, config=replace(engine.config, lead_after_named=True))
     plain = engine.prefill(chunks=order, query=QUESTION)
 
-    def by_hand(chunks, lead_from=None):
+    def by_hand(chunks, lead_from=None, lead_weight=1.0):
         keys = [engine.kv.record_keys(ids) for ids in chunks]
         out = [engine.kv.stores.get(lead if i == 0 else near) for i, (near, lead) in enumerate(keys)]
         near, far = engine.kv.stores.get(keys[2][0]), engine.kv.stores.get(keys[2][1])

@@ -39,7 +39,8 @@ def realign(cached: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: t
     cached: [2, kv_heads, N, head_dim] keys before RoPE and values, in the store's dtype. One
     contiguous cast first, then the keys rotate in place in ``dtype``: products that mix a 16-bit
     store with fp32 tables run several times slower on CPU than same-dtype ones, and the cast
-    itself is a fast contiguous conversion. In fp32 the keys are bit-identical to ``apply_rope(cached[0].float(), cos, sin)``.
+    itself is a fast contiguous conversion. In fp32 the keys are bit-identical to
+    ``apply_rope(cached[0].float(), cos, sin)``.
     """
     out = torch.empty(cached.shape, dtype=dtype, device=cached.device)  # [2, Hkv, N, d]
     out.copy_(cached)
