@@ -15,9 +15,11 @@ measures what recomputing them too is worth, and what it costs:
 - ``"nb1 named next"``: the named chunk and the one after it, whole;
 - ``"nb1 named after"``: the named chunk and every chunk after it, whole.
 
-Two more, research only, between the two records of each chunk after the named one (``BETWEEN``):
-``"nb1 named mix after 0.5"`` reads lead + 0.5 * (neighbour-warmed - lead), ``"nb1 named half lead
-after"`` the neighbour-warmed record's first half of the layers and the lead record's second half.
+Two more, between the two records of each chunk after the named one: ``"nb1 named mix after 0.5"``
+reads their mean (``BlendConfig(lead_after_named=0.5)``, ``ChunkRecord.toward``; the run files of
+stop 35 made it with a records hook here, the same arithmetic), ``"nb1 named half lead after"``
+(research only) the neighbour-warmed record's first half of the layers and the lead record's
+second half.
 
 ``--by-target`` reads a select_eval run file of the generated facts and prints, per place of the
 answer's passage in the prompt, how many answers full prefill gets right and how many each method
@@ -81,32 +83,19 @@ class NamedAfter:
         return ((chunk >= best) & (chunk <= last)).nonzero().flatten()
 
 
-# research records after the named chunk, between its two records (stop 35): "mix A" reads
-# lead + A * (warmed behind its neighbour - lead), "half" the neighbour-warmed record's first half
-# of the layers and the lead record's second half
-BETWEEN = {"nb1 named mix after 0.5": ("mix", 0.5), "nb1 named half lead after": ("half", None)}
-
-
-def between(warmed, how: str, alpha: float | None):
+def deeper_half_lead(warmed):
     """A records function over ``warmed``'s records (1 neighbour, with lead records) for a config
-    with ``lead_after_named``: the first chunk reads its lead record, the chunks before
-    ``lead_from`` their neighbour-warmed ones, and every chunk from ``lead_from`` on a record
-    between its two (``BETWEEN``)."""
+    with ``lead_after_named`` (research, stop 35): the records the default reads, but every chunk
+    from ``lead_from`` on reads its neighbour-warmed record's first half of the layers and its
+    lead record's second half."""
 
-    def lookup(chunks: list[list[int]], lead_from: int | None = None, lead_weight: float = 1.0):  # weight: the method's
-        out = []
-        for i, ids in enumerate(chunks):
-            plain_key, lead_key = warmed.kv.record_keys(ids)
-            if i == 0 or lead_from is None or i < lead_from:
-                out.append(warmed.kv.stores.get(lead_key if i == 0 else plain_key))
-                continue
-            plain, lead = warmed.kv.stores.get(plain_key), warmed.kv.stores.get(lead_key)
-            if how == "mix":
-                kv = (lead.kv.float() + alpha * (plain.kv.float() - lead.kv.float())).to(plain.kv.dtype)
-            else:
-                half = plain.kv.shape[0] // 2
-                kv = torch.cat([plain.kv[:half], lead.kv[half:]])
-            out.append(ChunkRecord(plain.key, kv, plain.text))
+    def lookup(chunks: list[list[int]], lead_from: int | None = None, lead_weight: float = 1.0):  # weight: unused
+        near, out = warmed.kv.records(chunks), []
+        lead = warmed.kv.records(chunks, lead_from) if lead_from is not None else near
+        for i, (a, b) in enumerate(zip(near, lead)):
+            half = a.kv.shape[0] // 2
+            out.append(a if lead_from is None or i < lead_from else
+                       ChunkRecord(a.key, torch.cat([a.kv[:half], b.kv[half:]]), a.text))
         return out
 
     return lookup
@@ -114,19 +103,21 @@ def between(warmed, how: str, alpha: float | None):
 
 def register() -> None:
     """Adds this script's methods to select_eval's, each over the named chunk's config (its
-    budget; its records, except "lexical named": chunks warmed alone; ``BETWEEN``'s read theirs
-    through select_eval's records hook for placed records)."""
+    budget; its records, except "lexical named": chunks warmed alone, and the two between a
+    chunk's records after the named one: the product's ``lead_after_named=0.5``, and
+    ``deeper_half_lead``)."""
     config = select_eval.METHODS["nb1 lexical named"][0]
     select_eval.METHODS["nb1 named next"] = (config, NamedAfter(1))
     select_eval.METHODS["nb1 named after"] = (config, NamedAfter(None))
     select_eval.METHODS["lexical named"] = (replace(config, neighbours=0), None)
     select_eval.METHODS["nb1 named lead after"] = (replace(config, lead_after_named=True), None)
-    for name, (how, alpha) in BETWEEN.items():
-        select_eval.METHODS[name] = (replace(config, lead_after_named=True), None)
-        select_eval.PRESENT[name] = name
+    select_eval.METHODS["nb1 named mix after 0.5"] = (replace(config, lead_after_named=0.5), None)
+    half = "nb1 named half lead after"  # read through select_eval's records hook for placed records
+    select_eval.METHODS[half] = (replace(config, lead_after_named=True), None)
+    select_eval.PRESENT[half] = half
     placed = select_eval._placed_records
     select_eval._placed_records = lambda warmed, pool: (
-        lambda flag: between(warmed, *BETWEEN[flag]) if flag in BETWEEN else placed(warmed, pool)(flag))
+        lambda flag: deeper_half_lead(warmed) if flag == half else placed(warmed, pool)(flag))
 
 
 def _facts_run(path: str) -> tuple[dict, dict, list]:

@@ -31,7 +31,6 @@ import torch
 
 from cacheblend import BlendConfig, BlendEngine, shared_engine
 from cacheblend.stores import chunk_key
-from cacheblend.stores.record import ChunkRecord
 from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import mean_kl, token_f1
@@ -333,17 +332,14 @@ def _ladder_records(steps: tuple[int, ...], engines: dict):
 
 def _mix_records(alpha: float, warmed: BlendEngine):
     """A records function over ``warmed``'s records (1 neighbour, with lead records) whose chunks
-    after the first read ``lead + alpha * (plain - lead)``."""
+    after the first read ``lead + alpha * (plain - lead)`` (``ChunkRecord.toward`` the lead record
+    by 1 - alpha: beyond it for alpha > 1)."""
 
     def lookup(chunks):
         records = []
         for i, ids in enumerate(chunks):
             plain, lead = (warmed.kv.stores.get(k) for k in warmed.kv.record_keys(ids))
-            if i == 0:
-                records.append(lead)
-                continue
-            kv = lead.kv.float() + alpha * (plain.kv.float() - lead.kv.float())
-            records.append(ChunkRecord(plain.key, kv.to(plain.kv.dtype), plain.text))
+            records.append(lead if i == 0 else plain.toward(lead, 1 - alpha))
         return records
 
     return lookup

@@ -3,7 +3,8 @@
 A ``Prefiller`` is built once per engine from what it needs: the model adapter, a tokenizer
 function for chunk spans, a ``records`` function (chunk ids in prompt order -> the records their
 places read, None for a miss; with ``lead_after_named`` it is also given ``lead_from`` and
-``lead_weight``, as ``ChunkKV.records`` takes them) and the engine's config and selector. ``run`` takes one request:
+``lead_weight``, as ``ChunkKV.records`` takes them) and the engine's config and selector. ``run``
+takes one request:
 
 1. the chunk spans' own encodings (``prompts.assemble.chunk_encodings``), skipped for a full prefill;
 2. their records, in one call (one round trip per tier; which record each chunk reads: ``_records``);

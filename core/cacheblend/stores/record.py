@@ -33,10 +33,11 @@ class ChunkRecord:
 
     def toward(self, other: ChunkRecord, weight: float) -> ChunkRecord:
         """This record moved ``weight`` of the way to ``other`` (the same chunk's other record:
-        0 is this one, 1 ``other``), computed in fp32 and stored in this record's dtype, keyed as
+        0 is this one, 1 ``other``; outside [0, 1] it extrapolates), computed in fp32 and stored in this record's dtype, keyed as
         this one. The chunks after the one a question names read ``plain.toward(lead, w)``
         (``BlendConfig.lead_after_named``)."""
         if other.kv.shape != self.kv.shape:
-            raise ValueError(f"records of one chunk have one shape: {tuple(self.kv.shape)} vs {tuple(other.kv.shape)}")
+            shapes = f"{tuple(self.kv.shape)} vs {tuple(other.kv.shape)}"
+            raise ValueError(f"records of one chunk have one shape: {shapes}")
         a, b = self.kv.float(), other.kv.float()
         return ChunkRecord(self.key, (b + (1 - weight) * (a - b)).to(self.kv.dtype), self.text)
