@@ -66,7 +66,28 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     own, alone_kl = by["full reuse"]["kl"], by["full reuse (chunks warmed alone)"]["kl"]
     assert f"| {by['cacheblend 15%']['kl'] / own:.2f}x; {by['cacheblend 15%']['kl'] / alone_kl:.2f}x |" in line
     assert by["full prefill"]["mac_floor"] == 1 < by["cacheblend 15%"]["mac_floor"] < by["full reuse"]["mac_floor"]
+    assert by["full prefill"]["of_floor"] == by["full prefill"]["of_mac_floor"] == 1
+    blend = by["cacheblend 15%"]  # one prompt: the per-prompt ratios are the table's own
+    assert blend["of_floor"] == pytest.approx(blend["speedup"] / blend["floor"])
+    assert blend["of_mac_floor"] == pytest.approx(blend["speedup"] / blend["mac_floor"])
+    assert len(blend["per_prompt"]["ttft_s"]) == len(blend["per_prompt"]["macs"]) == 1
     assert (tmp_path / "b" / "bench.png").stat().st_size > 10_000
+
+
+def test_bench_floor_ratio_is_per_prompt_not_medians_over_mean_share():
+    """An auto budget recomputes 5% of one prompt and 25% of another. If each runs exactly at its
+    own floor, the method is at its floor: 1.0, though the median TTFT over the floor at the mean
+    share says otherwise."""
+    from cacheblend.tools.bench import MethodResult, compute_floor
+
+    layers, full = 24, MethodResult("full prefill", 1.0, ttft_s=[10.0, 10.0, 10.0], macs=[100, 100, 100])
+    shares = [0.05, 0.25, 0.25]
+    floors = [compute_floor(layers, 1, s) for s in shares]
+    auto = MethodResult("auto", None, ttft_s=[10.0 / f for f in floors], macs=[100 / f for f in floors],
+                        recomputed_share=shares, full_layers=1, load_s=[0.0] * 3, kl=[0.0] * 3, f1_full=[1.0] * 3)
+    row = auto.summary(full, layers)
+    assert row["of_floor"] == pytest.approx(1.0) and row["of_mac_floor"] == pytest.approx(1.0)
+    assert row["speedup"] / row["floor"] < 0.9  # the old reading: the median prompt (25%), the mean share's floor
 
 
 def test_bench_methods_keep_cacheblend_deviation_and_add_an_auto_engines_own_budget(make_engine):
