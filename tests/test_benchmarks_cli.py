@@ -146,6 +146,17 @@ def test_named_after_quick(tmp_path, tiny_model_dir):
     assert "| 4 of 6 |" in proc.stdout or not any(right)  # the question's answer is in its fourth passage
 
 
+def test_named_plus_quick(tmp_path, tiny_model_dir):
+    """The named chunk plus 2% of the reused tokens by deviation among the others: the named chunk's
+    rows and at most 2 points of the prompt more (the reused tokens are part of it), a changed blend."""
+    data = _quick("named_plus.py", tmp_path, tiny_model_dir)
+    methods = data["methods"]
+    assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named +2%"}
+    more = methods["nb1 named +2%"]["share"] - methods["nb1 lexical named"]["share"]
+    assert 0 < more <= 0.02 + 1e-9
+    assert methods["nb1 named +2%"]["kl"] != methods["nb1 lexical named"]["kl"]
+
+
 def test_named_after_lost_says_where_each_lost_value_comes_from():
     """``--lost`` sorts a method's lost answers by the passage their value comes from: the answer's
     own passage first (values such as emblems repeat across entities), then the earliest other
