@@ -11,7 +11,9 @@ starts, sink-like tokens) that every answer token reads, the named chunk's none 
 Deviation at 5% already buys most of deviation's KL on those sets. So:
 
 - ``"nb1 named +N%"``: the named chunk's budget (the chunk, every token; 5% when the question
-  names none, as the default), plus N% of the reused tokens by V deviation among the others.
+  names none, as the default), plus N% of the reused tokens by V deviation among the others;
+- ``"nb1 named +2% in C"``: the same 2% from chunk C alone (prompt order from 0; where the question
+  names no chunk, the 5% too): which chunk's most deviating tokens move a prompt.
 
 The recompute is the named chunk's plus N points: the ``recomputed`` column says it. Every other
 argument is select_eval.py's, so the tables, run files and the full-prefill reference are its.
@@ -31,12 +33,13 @@ from cacheblend.blending.selection import Candidates, DeviationSelector, _top
 
 class NamedPlusDeviation:
     """The ``budget`` the named chunk's config gives (the named chunk, whole; or 5% by deviation
-    where it names none) and ``extra`` of the reused tokens more, by V deviation, among the rest."""
+    where it names none) and ``extra`` of the reused tokens more, by V deviation, among the rest
+    (``within``: among chunk ``within``'s tokens only, prompt order from 0, for a diagnosis)."""
 
     needs_query = False
 
-    def __init__(self, extra: float) -> None:
-        self.extra = extra
+    def __init__(self, extra: float, within: int | None = None) -> None:
+        self.extra, self.within = extra, within
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         n = cand.positions.numel()
@@ -47,14 +50,21 @@ class NamedPlusDeviation:
         count = min(n, max(budget, named.numel()) + int(self.extra * n + 0.5))
         rest = deviation.clone()
         rest[named] = -1.0  # not picked twice
+        if self.within is not None:
+            rest[chunk != self.within] = -1.0
+            count = min(count, named.numel() + int((rest >= 0).sum()))
         return torch.cat([named, _top(rest, count - named.numel())])
 
 
 def register() -> None:
-    """Adds ``"nb1 named +N%"`` for N in 1, 2, 3, 5 over the named chunk's config (its budget, its records)."""
+    """Adds ``"nb1 named +N%"`` for N in 1, 2, 3, 5 over the named chunk's config (its budget, its
+    records), and ``"nb1 named +2% in C"``: the 2% from chunk C alone (0-9), to find the chunk whose
+    most deviating tokens move a prompt."""
     config = select_eval.METHODS["nb1 lexical named"][0]
     for extra in (1, 2, 3, 5):
         select_eval.METHODS[f"nb1 named +{extra}%"] = (config, NamedPlusDeviation(extra / 100))
+    for c in range(10):
+        select_eval.METHODS[f"nb1 named +2% in {c}"] = (config, NamedPlusDeviation(0.02, within=c))
 
 
 def main(argv: list[str] | None = None) -> None:

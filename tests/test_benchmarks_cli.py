@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -155,6 +156,31 @@ def test_named_plus_quick(tmp_path, tiny_model_dir):
     more = methods["nb1 named +2%"]["share"] - methods["nb1 lexical named"]["share"]
     assert 0 < more <= 0.02 + 1e-9
     assert methods["nb1 named +2%"]["kl"] != methods["nb1 lexical named"]["kl"]
+
+
+def test_named_plus_picks_the_named_chunk_whole_then_deviation_where_asked():
+    """Three chunks of 100 tokens; the question's rare id is in chunk 1 only. The named chunk
+    comes whole, then 2% (6 tokens) by V deviation: the most deviating of chunks 0 and 2 (all six
+    in chunk 0 here), or with ``within=2`` those of chunk 2 alone."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from named_plus import NamedPlusDeviation
+    finally:
+        sys.path.remove(str(BENCH))
+    from cacheblend.blending.selection import Candidates
+
+    n, offsets = 300, torch.arange(300) % 100
+    ids = torch.full((n,), 5)
+    ids[150] = 7  # the question's name, in chunk 1
+    v = torch.zeros(2, n, 4)
+    fresh = v.clone()
+    deviating = [3, 10, 20, 30, 40, 50, 220, 230, 240, 250, 260, 270]  # in chunks 0 and 2, most first
+    fresh[:, deviating, :] = torch.arange(12, 0, -1.0)[None, :, None]
+    cand = Candidates(layer=1, fresh_k=v, fresh_v=fresh, cached_k=v, cached_v=v, positions=torch.arange(n),
+                      chunk_offsets=offsets, ids=ids, question_ids=torch.tensor([7, 5]))
+    named = set(range(100, 200))
+    assert set(NamedPlusDeviation(0.02)(cand, 100).tolist()) == named | {3, 10, 20, 30, 40, 50}
+    assert set(NamedPlusDeviation(0.02, within=2)(cand, 100).tolist()) == named | set(deviating[6:])
 
 
 def test_named_after_lost_says_where_each_lost_value_comes_from():
