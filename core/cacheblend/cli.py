@@ -212,7 +212,7 @@ def _read_source(path: Path, split) -> list[str]:
 
 
 def cmd_bench(args) -> int:
-    from .tools import bench
+    from .tools import bench, bench_table
     from .tools.datasets import load_musique, pydoc_passages, pydoc_workload
 
     out = Path(args.out)
@@ -247,7 +247,7 @@ def cmd_bench(args) -> int:
     record.model = engine.name
     meta = {**record.meta(), "args": vars(args) | {"func": None},
             "seconds": time.perf_counter() - started, "throughput": rates}
-    print("\n" + bench.save(rows, out, title, meta))
+    print("\n" + bench_table.save(rows, out, title, meta))
     print(f"\nwarming {rates['warming_tokens_per_s']:.0f} chunk tokens/s ({rates['warming_computed_tokens_per_s']:.0f} "
           f"tokens/s computed, each chunk behind {engine.kv.neighbours} similar passage(s)) vs full prefill "
           f"{rates['full_prefill_tokens_per_s']:.0f} tokens/s")
