@@ -39,10 +39,15 @@ def named_chunk(scores: torch.Tensor, first_alone: bool = False) -> int | None:
     (``first_alone``). Full prefill computes the prompt's first passage behind nothing but the
     prompt's head too, so recomputing it gives it no context it lacks; on the development facts
     with the answer's passage first, recomputing it whole kept no more answers than 5% by
-    deviation, at a higher KL, on both models (docs/LEXICAL-SELECTOR.md)."""
+    deviation, at a higher KL, on both models (docs/LEXICAL-SELECTOR.md).
+
+    Chunks that tie (a multi-hop question names two passages alike: over half of MuSiQue's
+    prompts) name the last of them: its KV, read without more of the prompt before it, is the
+    further from full prefill's, and the selector, the budget and the lead records all follow
+    this one choice."""
     if scores.numel() == 0 or float(scores.max()) <= 0:
         return None
-    best = int(scores.argmax())
+    best = int((scores == scores.max()).nonzero().max())
     return None if best == 0 and first_alone else best
 
 
@@ -88,11 +93,14 @@ class LexicalSelector:
             raise ValueError("the lexical selector needs Candidates.ids and Candidates.question_ids")
         chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
         chunk_score = chunk_scores(cand.ids, chunk, cand.question_ids)  # [chunks]
-        if named_chunk(chunk_score, cand.first_alone) is None:  # it names nothing recomputing helps: deviation
+        best = named_chunk(chunk_score, cand.first_alone)
+        if best is None:  # it names nothing recomputing helps: deviation
             chunk_score = torch.zeros_like(chunk_score)
         n = chunk_score.numel()
         rank = torch.empty(n, dtype=torch.float32, device=chunk.device)
         rank[chunk_score.argsort(stable=True)] = torch.arange(n, dtype=torch.float32, device=chunk.device)
+        if best is not None:  # the named chunk first, whatever ties it: the named share is sized for it
+            rank[best] = float(n)
         prio = torch.where(chunk_score[chunk] > 0, 1.0 + rank[chunk], 0.0)  # better chunks higher, whole
         deviation = DeviationSelector(self.measure).scores(cand) if deviation is None else deviation
         return prio + _rank(deviation)  # deviation in [0, 1) inside
