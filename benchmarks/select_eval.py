@@ -209,7 +209,7 @@ def examples(dataset: str, split: str, count: int, engine, start: int = 0, targe
     if target != "any":
         raise SystemExit("--target first needs --dataset facts (the passage holding the answer is known there)")
     if dataset == "pydoc":  # seed 1 is the development split, seed 0 the reporting split
-        passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
+        passages = pydoc_passages(engine.count_tokens, min_tokens=384)
         return pydoc_workload(passages, start + count, 6, seed=1 if split == "dev" else 0)[start:]
     data = load_musique(dataset, 6)  # examples 0-49 are the development split, 50-149 reporting
     return (data[:50] if split == "dev" else data[50:150])[start : start + count]

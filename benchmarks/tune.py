@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.musique:
         examples = load_musique(args.musique, args.chunks)[:50][: args.prompts]
     else:
-        lo = args.chunk_tokens * 3 // 4
-        passages = [p for p in pydoc_passages(base.count_tokens, args.chunk_tokens) if base.count_tokens(p.text) >= lo]
+        passages = pydoc_passages(base.count_tokens, args.chunk_tokens, min_tokens=args.chunk_tokens * 3 // 4)
         examples = pydoc_workload(passages, args.prompts, args.chunks, seed=1)
     texts = sorted({p for ex in examples for p in ex.passages})
     started = time.time()

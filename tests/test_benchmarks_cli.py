@@ -158,6 +158,20 @@ def test_named_plus_quick(tmp_path, tiny_model_dir):
     assert methods["nb1 named +2%"]["kl"] != methods["nb1 lexical named"]["kl"]
 
 
+def test_named_ties_quick(tmp_path, tiny_model_dir):
+    """Three development fact questions, tokenized only: one score per chunk, the ties the scores
+    say, and the count of them in the run's meta."""
+    data = _quick("named_ties.py", tmp_path, tiny_model_dir)
+    prompts = data["prompts"]
+    assert len(prompts) == 3 and all(len(p["scores"]) == 6 for p in prompts)
+    for p in prompts:
+        best = max(p["scores"])
+        top = [i for i, s in enumerate(p["scores"]) if s == best]
+        assert p["tied"] == (top if best > 0 and len(top) > 1 else [])
+    assert data["meta"]["ties"] == sum(bool(p["tied"]) for p in prompts)
+    assert any(max(p["scores"]) > 0 for p in prompts)  # the fact questions name their passage
+
+
 def test_named_plus_picks_the_named_chunk_whole_then_deviation_where_asked():
     """Three chunks of 100 tokens; the question's rare id is in chunk 1 only. The named chunk
     comes whole, then 2% (6 tokens) by V deviation: the most deviating of chunks 0 and 2 (all six

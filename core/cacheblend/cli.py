@@ -223,8 +223,7 @@ def cmd_bench(args) -> int:
         examples = load_musique(args.dataset, args.chunks)[args.start : args.start + args.prompts]
         title = f"MuSiQue ({Path(args.dataset).name}, examples {args.start}-{args.start + len(examples) - 1})"
     else:
-        # about 512 tokens each: the passages the packer filled at least three quarters
-        passages = [p for p in pydoc_passages(engine.count_tokens) if engine.count_tokens(p.text) >= 384]
+        passages = pydoc_passages(engine.count_tokens, min_tokens=384)  # about 512 tokens each
         examples = pydoc_workload(passages, args.prompts, args.chunks)
         title = "pydoc corpus"
     texts = sorted({p for ex in examples for p in ex.passages})

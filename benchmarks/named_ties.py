@@ -1,0 +1,91 @@
+"""How often a question names two chunks alike: the lexical selector's ties, counted.
+
+    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split report --count 100
+    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --bench pydoc --count 8   # cacheblend bench's prompts
+    .venv/bin/python benchmarks/named_ties.py --quick     # 3 dev fact questions on the given model
+
+The lexical selector scores each chunk by the question's rarer token ids it holds
+(``lexical.chunk_scores``); the chunk with the best score is recomputed whole and the named-share
+budget is sized for it (``lexical.named_chunk``). Where two chunks share the best score (a
+multi-hop question names an entity two passages hold), the choice is a tie-break: this script
+counts, per set, the prompts where it is one, and which chunks tie. It tokenizes only (no
+prefill, no warming): chunks as the engine encodes them, the question as the text after the last
+chunk, encoded the same way (``lexical.named_before_blend``'s view). The sets are select_eval.py's
+(``--dataset``, ``--split``, ``--start``, ``--count``) or, with ``--bench pydoc|musique``, the
+prompts of ``cacheblend bench`` (MuSiQue from ``--start``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from runfile import RunRecord, add_common
+
+
+def prompt_scores(engine, chunks: list[str], query: str, prefix: str) -> list[float]:
+    """``chunk_scores`` of one prompt, as the product sees it before any record is read."""
+    import torch
+
+    from cacheblend.blending.lexical import chunk_scores
+    from cacheblend.prompts.assemble import chunk_encodings
+
+    req = engine.request(chunks=chunks, query=query, prefix=prefix)
+    enc = [c.ids for c in chunk_encodings(req.text, engine.kv.encode)]
+    tail = req.text.text[req.text.chunks[-1].end:]
+    ids = torch.tensor([t for c in enc for t in c], dtype=torch.long)
+    chunk = torch.tensor([i for i, c in enumerate(enc) for _ in c], dtype=torch.long)
+    return chunk_scores(ids, chunk, torch.tensor(list(engine.kv.encode(tail).ids), dtype=torch.long)).tolist()
+
+
+def tied(scores: list[float]) -> list[int]:
+    """The chunks sharing the best score when more than one does and it is above 0, else []."""
+    best = max(scores, default=0.0)
+    top = [i for i, s in enumerate(scores) if s == best]
+    return top if best > 0 and len(top) > 1 else []
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(ap, quick="3 development fact questions")
+    ap.add_argument("--dataset", default="facts", help="facts, pydoc, or a MuSiQue-format JSON path")
+    ap.add_argument("--split", default="dev", choices=("dev", "report"))
+    ap.add_argument("--count", type=int, default=100)
+    ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--bench", default=None, choices=("pydoc", "musique"),
+                    help="cacheblend bench's prompts instead (musique: from --dataset's --start)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.dataset, args.split, args.count, args.start, args.bench = "facts", "dev", 3, 0, None
+    record = RunRecord.start(args)
+
+    import select_eval
+    from cacheblend import shared_engine
+    from cacheblend.tools.bench import QA_PREFIX
+    from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
+
+    engine = shared_engine(args.model)
+    if args.bench == "pydoc":
+        sets, prefix = pydoc_workload(pydoc_passages(engine.count_tokens, min_tokens=384), args.count, 6), QA_PREFIX
+        asked = [q.question for q in sets]
+    elif args.bench == "musique":
+        sets = load_musique(args.dataset, 6)[args.start : args.start + args.count]
+        prefix, asked = QA_PREFIX, [q.question for q in sets]
+    else:
+        sets = select_eval.examples(args.dataset, args.split, args.count, engine, args.start)
+        prefix, asked = select_eval.PREFIX, [select_eval.ask(engine.tokenizer, q.question) for q in sets]
+    rows = []
+    for i, (q, query) in enumerate(zip(sets, asked)):
+        scores = prompt_scores(engine, q.passages, query, prefix)
+        rows.append({"index": args.start + i, "scores": [round(s, 4) for s in scores], "tied": tied(scores)})
+        if rows[-1]["tied"]:
+            print(f"#{args.start + i}: chunks {rows[-1]['tied']} tie; scores {[round(s, 2) for s in scores]}")
+    ties = sum(bool(r["tied"]) for r in rows)
+    first = sum(bool(r["tied"]) and r["tied"][0] == 0 for r in rows)
+    print(f"{ties} of {len(rows)} prompts tie at the best score ({first} of them with the first chunk)")
+    meta = {"dataset": args.bench or args.dataset, "split": None if args.bench else args.split, "start": args.start,
+            "count": len(rows), "ties": ties, "ties_with_first": first}
+    record.write(args.run_file, {"meta": meta, "prompts": rows})
+
+
+if __name__ == "__main__":
+    main()
