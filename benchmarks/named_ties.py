@@ -1,25 +1,80 @@
 """How often a question names two chunks alike: the lexical selector's ties, counted.
 
-    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split report --count 100
-    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --bench pydoc --count 8   # cacheblend bench's prompts
-    .venv/bin/python benchmarks/named_ties.py --quick     # 3 dev fact questions on the given model
+    .venv/bin/python benchmarks/named_ties.py --tally --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split report --count 100
+    .venv/bin/python benchmarks/named_ties.py --tally --model qwen2.5-0.5b-instruct --bench pydoc --count 8   # cacheblend bench's prompts
+    .venv/bin/python benchmarks/named_ties.py --tally --quick     # 3 dev fact questions on the given model
 
 The lexical selector scores each chunk by the question's rarer token ids it holds
 (``lexical.chunk_scores``); the chunk with the best score is recomputed whole and the named-share
 budget is sized for it (``lexical.named_chunk``). Where two chunks share the best score (a
-multi-hop question names an entity two passages hold), the choice is a tie-break: this script
+multi-hop question names an entity two passages hold), the choice is a tie-break: ``--tally``
 counts, per set, the prompts where it is one, and which chunks tie. It tokenizes only (no
 prefill, no warming): chunks as the engine encodes them, the question as the text after the last
 chunk, encoded the same way (``lexical.named_before_blend``'s view). The sets are select_eval.py's
 (``--dataset``, ``--split``, ``--start``, ``--count``) or, with ``--bench pydoc|musique``, the
 prompts of ``cacheblend bench`` (MuSiQue from ``--start``).
+
+Without ``--tally`` it is select_eval.py with three more methods, the tie-breaks the product
+could make (it names the last of the tied chunks: ``"nb1 lexical named"``):
+
+    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --answer-tokens 24 --pool corpus --methods "nb1 lexical named,nb1 named ties first,nb1 named ties none,nb1 named ties all"
+
+- ``"nb1 named ties first"``: the first of the tied chunks, whole;
+- ``"nb1 named ties none"``: a tie names no chunk (5% by deviation, as where the question names none);
+- ``"nb1 named ties all"``: every tied chunk, whole (a measurement: it recomputes what they hold).
+
+Each is the named chunk's budget otherwise (the chunk, whole; 5% by deviation where the question
+names none or names the first chunk read alone; no upper bound), from the same records.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from runfile import RunRecord, add_common
+
+FLOOR = 0.05  # the named chunk's budget where the question names none (Qwen's default's auto_min_ratio)
+
+
+class NamedTie:
+    """The named chunk's rows with a tie broken by ``ties`` ("first", "none" or "all", above)."""
+
+    needs_query = False
+
+    def __init__(self, ties: str) -> None:
+        if ties not in ("first", "none", "all"):
+            raise ValueError(f"ties must be first, none or all, not {ties!r}")
+        self.ties = ties
+
+    def named(self, scores, first_alone: bool) -> list[int]:
+        best = float(scores.max()) if scores.numel() else 0.0
+        top = [i for i, s in enumerate(scores.tolist()) if best > 0 and s == best]
+        if self.ties == "none" and len(top) > 1:
+            top = []
+        top = top if self.ties == "all" else top[:1]
+        return [c for c in top if not (c == 0 and first_alone)]
+
+    def __call__(self, cand, budget: int):
+        import torch
+
+        from cacheblend.blending.lexical import chunk_scores
+        from cacheblend.blending.question import chunk_ids
+        from cacheblend.blending.selection import DeviationSelector, _top
+
+        chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
+        named = self.named(chunk_scores(cand.ids, chunk, cand.question_ids), cand.first_alone)
+        if named:
+            return torch.isin(chunk, torch.tensor(named, device=chunk.device)).nonzero().flatten()
+        return _top(DeviationSelector("v").scores(cand), round(FLOOR * cand.positions.numel()))
+
+
+def register() -> None:
+    import select_eval
+
+    config = select_eval.METHODS["nb1 lexical named"][0]
+    for ties in ("first", "none", "all"):
+        select_eval.METHODS[f"nb1 named ties {ties}"] = (config, NamedTie(ties))
 
 
 def prompt_scores(engine, chunks: list[str], query: str, prefix: str) -> list[float]:
@@ -45,8 +100,17 @@ def tied(scores: list[float]) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--tally" not in argv:
+        import select_eval
+
+        register()
+        select_eval.main_with(__doc__, "nb1 lexical named,nb1 named ties first,nb1 named ties none", argv)
+        return
+    argv.remove("--tally")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(ap, quick="3 development fact questions")
+    ap.add_argument("--tally", action="store_true", help="count the ties (tokenization only) instead of blending")
+    add_common(ap, quick="--tally: 3 development fact questions; else 1 with the product's and two tie-breaks")
     ap.add_argument("--dataset", default="facts", help="facts, pydoc, or a MuSiQue-format JSON path")
     ap.add_argument("--split", default="dev", choices=("dev", "report"))
     ap.add_argument("--count", type=int, default=100)

@@ -161,7 +161,7 @@ def test_named_plus_quick(tmp_path, tiny_model_dir):
 def test_named_ties_quick(tmp_path, tiny_model_dir):
     """Three development fact questions, tokenized only: one score per chunk, the ties the scores
     say, and the count of them in the run's meta."""
-    data = _quick("named_ties.py", tmp_path, tiny_model_dir)
+    data = _quick("named_ties.py", tmp_path, tiny_model_dir, "--tally")
     prompts = data["prompts"]
     assert len(prompts) == 3 and all(len(p["scores"]) == 6 for p in prompts)
     for p in prompts:
@@ -170,6 +170,50 @@ def test_named_ties_quick(tmp_path, tiny_model_dir):
         assert p["tied"] == (top if best > 0 and len(top) > 1 else [])
     assert data["meta"]["ties"] == sum(bool(p["tied"]) for p in prompts)
     assert any(max(p["scores"]) > 0 for p in prompts)  # the fact questions name their passage
+
+
+def test_named_ties_blend_quick(tmp_path, tiny_model_dir):
+    """One development fact question, which names one passage (no tie): the tie-breaks recompute
+    the product's rows, and their blends are the product's to the last digit."""
+    methods = _quick("named_ties.py", tmp_path, tiny_model_dir)["methods"]
+    assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named ties first", "nb1 named ties none"}
+    product = methods["nb1 lexical named"]
+    assert product["share"] > 0.05
+    for name in ("nb1 named ties first", "nb1 named ties none"):
+        assert methods[name]["share"] == product["share"] and methods[name]["kl"] == product["kl"]
+
+
+def test_named_ties_breaks_a_tie_first_none_or_all():
+    """Three chunks of 100 tokens; the question's two rare ids are in chunks 0 and 2 (a tie). The
+    product names the last (``named_chunk``); the script's tie-breaks take the first, none (5% by
+    deviation, the 15 most deviating tokens: chunk 1's here) or both; with the first chunk read
+    alone, "first" names none and "all" the last alone."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from named_ties import NamedTie
+    finally:
+        sys.path.remove(str(BENCH))
+    from cacheblend.blending.lexical import chunk_scores, named_chunk
+    from cacheblend.blending.selection import Candidates
+
+    n, offsets = 300, torch.arange(300) % 100
+    ids = torch.full((n,), 5)
+    ids[10], ids[250] = 7, 8
+    v = torch.zeros(2, n, 4)
+    v[:, 100:115] = 1.0  # chunk 1's first 15 tokens deviate most
+    cand = Candidates(layer=1, fresh_k=torch.zeros(2, n, 4), fresh_v=v, cached_k=torch.zeros(2, n, 4),
+                      cached_v=torch.zeros(2, n, 4), positions=torch.arange(n), chunk_offsets=offsets,
+                      ids=ids, question_ids=torch.tensor([7, 8]))
+    chunk = torch.arange(n) // 100
+    assert named_chunk(chunk_scores(ids, chunk, cand.question_ids)) == 2
+    assert sorted(NamedTie("first")(cand, 0).tolist()) == list(range(100))
+    assert sorted(NamedTie("none")(cand, 0).tolist()) == list(range(100, 115))
+    assert sorted(NamedTie("all")(cand, 0).tolist()) == [*range(100), *range(200, 300)]
+    alone = Candidates(**{**cand.__dict__, "first_alone": True})
+    assert sorted(NamedTie("first")(alone, 0).tolist()) == list(range(100, 115))
+    assert sorted(NamedTie("all")(alone, 0).tolist()) == list(range(200, 300))
+    with pytest.raises(ValueError, match="ties"):
+        NamedTie("middle")
 
 
 def test_named_plus_picks_the_named_chunk_whole_then_deviation_where_asked():
