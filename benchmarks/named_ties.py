@@ -14,14 +14,17 @@ chunk, encoded the same way (``lexical.named_before_blend``'s view). The sets ar
 (``--dataset``, ``--split``, ``--start``, ``--count``) or, with ``--bench pydoc|musique``, the
 prompts of ``cacheblend bench`` (MuSiQue from ``--start``).
 
-Without ``--tally`` it is select_eval.py with three more methods, the tie-breaks the product
+Without ``--tally`` it is select_eval.py with four more methods, the tie-breaks the product
 could make (it names the last of the tied chunks: ``"nb1 lexical named"``):
 
-    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --answer-tokens 24 --pool corpus --methods "nb1 lexical named,nb1 named ties first,nb1 named ties none,nb1 named ties all"
+    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --answer-tokens 24 --pool corpus --methods "nb1 lexical named,nb1 named ties first,nb1 named ties none,nb1 named ties all,nb1 named ties deviation"
 
 - ``"nb1 named ties first"``: the first of the tied chunks, whole;
 - ``"nb1 named ties none"``: a tie names no chunk (5% by deviation, as where the question names none);
-- ``"nb1 named ties all"``: every tied chunk, whole (a measurement: it recomputes what they hold).
+- ``"nb1 named ties all"``: every tied chunk, whole (a measurement: it recomputes what they hold);
+- ``"nb1 named ties deviation"``: the tied chunk whose tokens' V deviates most from its record at
+  the check layer, on average (whose reused KV is the furthest off), whole; the first chunk read
+  alone never.
 
 Each is the named chunk's budget otherwise (the chunk, whole; 5% by deviation where the question
 names none or names the first chunk read alone; no upper bound), from the same records.
@@ -34,6 +37,7 @@ import sys
 
 from runfile import RunRecord, add_common
 
+TIES = ("first", "none", "all", "deviation")
 FLOOR = 0.05  # the named chunk's budget where the question names none (Qwen's default's auto_min_ratio)
 
 
@@ -43,15 +47,19 @@ class NamedTie:
     needs_query = False
 
     def __init__(self, ties: str) -> None:
-        if ties not in ("first", "none", "all"):
-            raise ValueError(f"ties must be first, none or all, not {ties!r}")
+        if ties not in TIES:
+            raise ValueError(f"ties must be one of {', '.join(TIES)}, not {ties!r}")
         self.ties = ties
 
-    def named(self, scores, first_alone: bool) -> list[int]:
+    def named(self, scores, first_alone: bool, deviation=None) -> list[int]:
+        """The chunks recomputed whole; ``deviation``: [chunks] their mean V deviation ("deviation")."""
         best = float(scores.max()) if scores.numel() else 0.0
         top = [i for i, s in enumerate(scores.tolist()) if best > 0 and s == best]
         if self.ties == "none" and len(top) > 1:
             top = []
+        if self.ties == "deviation":
+            top = [c for c in top if not (c == 0 and first_alone)]
+            top = [max(reversed(top), key=lambda c: float(deviation[c]))] if top else []  # equal: the last
         top = top if self.ties == "all" else top[:1]
         return [c for c in top if not (c == 0 and first_alone)]
 
@@ -63,17 +71,19 @@ class NamedTie:
         from cacheblend.blending.selection import DeviationSelector, _top
 
         chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
-        named = self.named(chunk_scores(cand.ids, chunk, cand.question_ids), cand.first_alone)
+        scores, dev = chunk_scores(cand.ids, chunk, cand.question_ids), DeviationSelector("v").scores(cand)  # [n]
+        mean = torch.zeros(scores.numel(), dtype=dev.dtype).index_add_(0, chunk, dev) / torch.bincount(chunk)
+        named = self.named(scores, cand.first_alone, mean)
         if named:
             return torch.isin(chunk, torch.tensor(named, device=chunk.device)).nonzero().flatten()
-        return _top(DeviationSelector("v").scores(cand), round(FLOOR * cand.positions.numel()))
+        return _top(dev, round(FLOOR * cand.positions.numel()))
 
 
 def register() -> None:
     import select_eval
 
     config = select_eval.METHODS["nb1 lexical named"][0]
-    for ties in ("first", "none", "all"):
+    for ties in TIES:
         select_eval.METHODS[f"nb1 named ties {ties}"] = (config, NamedTie(ties))
 
 

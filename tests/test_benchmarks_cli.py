@@ -186,8 +186,9 @@ def test_named_ties_blend_quick(tmp_path, tiny_model_dir):
 def test_named_ties_breaks_a_tie_first_none_or_all():
     """Three chunks of 100 tokens; the question's two rare ids are in chunks 0 and 2 (a tie). The
     product names the last (``named_chunk``); the script's tie-breaks take the first, none (5% by
-    deviation, the 15 most deviating tokens: chunk 1's here) or both; with the first chunk read
-    alone, "first" names none and "all" the last alone."""
+    deviation, the 15 most deviating tokens: chunk 1's here), both, or the one whose tokens deviate
+    most on average; with the first chunk read alone, "first" names none, "all" and "deviation" the
+    last alone."""
     sys.path.insert(0, str(BENCH))
     try:
         from named_ties import NamedTie
@@ -209,9 +210,13 @@ def test_named_ties_breaks_a_tie_first_none_or_all():
     assert sorted(NamedTie("first")(cand, 0).tolist()) == list(range(100))
     assert sorted(NamedTie("none")(cand, 0).tolist()) == list(range(100, 115))
     assert sorted(NamedTie("all")(cand, 0).tolist()) == [*range(100), *range(200, 300)]
+    assert sorted(NamedTie("deviation")(cand, 0).tolist()) == list(range(200, 300))  # neither deviates: the last
     alone = Candidates(**{**cand.__dict__, "first_alone": True})
     assert sorted(NamedTie("first")(alone, 0).tolist()) == list(range(100, 115))
     assert sorted(NamedTie("all")(alone, 0).tolist()) == list(range(200, 300))
+    v[:, 5:10] = 1.0
+    assert sorted(NamedTie("deviation")(cand, 0).tolist()) == list(range(100))  # chunk 0 deviates more
+    assert sorted(NamedTie("deviation")(alone, 0).tolist()) == list(range(200, 300))
     with pytest.raises(ValueError, match="ties"):
         NamedTie("middle")
 
