@@ -20,6 +20,8 @@ could make (it names the last of the tied chunks: ``"nb1 lexical named"``):
     .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --answer-tokens 24 --pool corpus --methods "nb1 lexical named,nb1 named ties first,nb1 named ties none,nb1 named ties all,nb1 named ties deviation"
 
 - ``"nb1 named ties first"``: the first of the tied chunks, whole;
+- ``"nb1 named ties last"``: the last of them, whole (with the first chunk read alone among them,
+  the last all the same);
 - ``"nb1 named ties none"``: a tie names no chunk (5% by deviation, as where the question names none);
 - ``"nb1 named ties all"``: every tied chunk, whole (a measurement: it recomputes what they hold);
 - ``"nb1 named ties deviation"``: the tied chunk whose tokens' V deviates most from its record at
@@ -37,7 +39,7 @@ import sys
 
 from runfile import RunRecord, add_common
 
-TIES = ("first", "none", "all", "deviation")
+TIES = ("first", "last", "none", "all", "deviation")
 FLOOR = 0.05  # the named chunk's budget where the question names none (Qwen's default's auto_min_ratio)
 
 
@@ -60,7 +62,7 @@ class NamedTie:
         if self.ties == "deviation":
             top = [c for c in top if not (c == 0 and first_alone)]
             top = [max(reversed(top), key=lambda c: float(deviation[c]))] if top else []  # equal: the last
-        top = top if self.ties == "all" else top[:1]
+        top = top if self.ties == "all" else top[-1:] if self.ties == "last" else top[:1]
         return [c for c in top if not (c == 0 and first_alone)]
 
     def __call__(self, cand, budget: int):
