@@ -14,10 +14,11 @@ chunk, encoded the same way (``lexical.named_before_blend``'s view). The sets ar
 (``--dataset``, ``--split``, ``--start``, ``--count``) or, with ``--bench pydoc|musique``, the
 prompts of ``cacheblend bench`` (MuSiQue from ``--start``).
 
-Without ``--tally`` it is select_eval.py with four more methods, the tie-breaks the product
-could make (it names the last of the tied chunks: ``"nb1 lexical named"``):
+Without ``--tally`` it is select_eval.py with five more methods, the tie-breaks the product
+could make (it names the first of the tied chunks, ``"nb1 lexical named"``, the same rows as
+``"nb1 named ties first"``):
 
-    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --answer-tokens 24 --pool corpus --methods "nb1 lexical named,nb1 named ties first,nb1 named ties none,nb1 named ties all,nb1 named ties deviation"
+    .venv/bin/python benchmarks/named_ties.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --answer-tokens 24 --pool corpus --methods "nb1 lexical named,nb1 named ties first,nb1 named ties last,nb1 named ties none,nb1 named ties all,nb1 named ties deviation"
 
 - ``"nb1 named ties first"``: the first of the tied chunks, whole;
 - ``"nb1 named ties last"``: the last of them, whole (with the first chunk read alone among them,

@@ -175,23 +175,28 @@ def test_the_first_chunk_read_alone_is_named_by_no_question():
     assert picked(second, 3) == [4, 5, 6]  # the second chunk named: whole, as without the flag
 
 
-def test_tied_chunks_name_the_last_and_the_budget_and_the_rows_agree():
-    """A question naming two chunks alike (11 only in the first, 77 only in the third) names the
-    last of them, in ``named_chunk``, ``named_share`` and the selector alike: the budget sized for
-    one chunk is spent on that chunk, every token of it. The first chunk read alone never wins a
-    tie it shares with a later one."""
+def test_tied_chunks_name_the_first_and_the_budget_and_the_rows_agree():
+    """A question naming two chunks alike (99 only in the second, 77 only in the third) names the
+    first of them in ``named_chunk``, ``named_share`` and the selector alike: the budget sized for
+    one chunk is spent on that chunk, every token of it, though the selector's ranking of chunks
+    by score alone would put the later first. A tie that the first chunk read alone leads names
+    none: the budget is the lower bound's and the selector's is deviation's."""
     ids, chunk = torch.tensor(IDS), torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
-    tied = torch.tensor([11, 77])
+    tied = torch.tensor([99, 77])
     scores = chunk_scores(ids, chunk, tied)
-    assert scores[0] == scores[2] > scores[1]
+    assert scores[1] == scores[2] > scores[0]
     for alone in (False, True):
-        assert named_chunk(scores, first_alone=alone) == 2
+        assert named_chunk(scores, first_alone=alone) == 1
         assert named_share(ids, chunk, tied, first_alone=alone) == pytest.approx(0.3)
-        cand = Candidates(**{**candidates([11, 77]).__dict__, "first_alone": alone})
-        budget = round(named_share(ids, chunk, tied, first_alone=alone) * len(IDS))
-        assert picked(cand, budget) == [7, 8, 9]  # the third chunk whole, though deviation favours the first
-    three = chunk_scores(ids, chunk, torch.tensor([11, 99, 77]))  # all three tie
-    assert named_chunk(three) == 2 and picked(candidates([11, 99, 77]), 3) == [7, 8, 9]
+        cand = Candidates(**{**candidates([99, 77]).__dict__, "first_alone": alone})
+        assert picked(cand, 3) == [4, 5, 6]  # the second chunk whole
+    first = torch.tensor([11, 77])  # the first chunk and the third alike
+    assert named_chunk(chunk_scores(ids, chunk, first)) == 0
+    assert picked(candidates([11, 77]), 4) == [0, 1, 2, 3]
+    assert named_chunk(chunk_scores(ids, chunk, first), first_alone=True) is None
+    assert named_share(ids, chunk, first, first_alone=True) == 0.0
+    alone = Candidates(**{**candidates([11, 77]).__dict__, "first_alone": True})
+    assert picked(alone, 3) == picked(alone, 3, DeviationSelector("v"))
 
 
 def test_assemble_says_first_alone_only_when_the_first_chunk_is_read(make_engine):

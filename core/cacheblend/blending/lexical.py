@@ -41,13 +41,15 @@ def named_chunk(scores: torch.Tensor, first_alone: bool = False) -> int | None:
     with the answer's passage first, recomputing it whole kept no more answers than 5% by
     deviation, at a higher KL, on both models (docs/LEXICAL-SELECTOR.md).
 
-    Chunks that tie (a multi-hop question names two passages alike: over half of MuSiQue's
-    prompts) name the last of them: its KV, read without more of the prompt before it, is the
-    further from full prefill's, and the selector, the budget and the lead records all follow
-    this one choice."""
+    Chunks that tie (a multi-hop question names an entity two passages hold: over half of
+    MuSiQue's prompts) name the first of them, the retriever's better match where chunks come
+    best first; the first chunk read alone among them names none. The selector, the budget and the
+    lead records all follow this one choice. On Qwen's MuSiQue development prompts the first kept
+    more answers at a lower KL than the last, than none and than the one deviating most
+    (docs/LEXICAL-SELECTOR.md, "Ties")."""
     if scores.numel() == 0 or float(scores.max()) <= 0:
         return None
-    best = int((scores == scores.max()).nonzero().max())
+    best = int(scores.argmax())  # the first of the best
     return None if best == 0 and first_alone else best
 
 
