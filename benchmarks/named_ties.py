@@ -45,7 +45,7 @@ FLOOR = 0.05  # the named chunk's budget where the question names none (Qwen's d
 
 
 class NamedTie:
-    """The named chunk's rows with a tie broken by ``ties`` ("first", "none" or "all", above)."""
+    """The named chunk's rows with a tie broken by ``ties`` (one of ``TIES``, above)."""
 
     needs_query = False
 
@@ -60,9 +60,9 @@ class NamedTie:
         top = [i for i, s in enumerate(scores.tolist()) if best > 0 and s == best]
         if self.ties == "none" and len(top) > 1:
             top = []
-        if self.ties == "deviation":
+        if self.ties == "deviation":  # among the tied chunks recomputing can help; equal deviation: the last
             top = [c for c in top if not (c == 0 and first_alone)]
-            top = [max(reversed(top), key=lambda c: float(deviation[c]))] if top else []  # equal: the last
+            top = [max(reversed(top), key=lambda c: float(deviation[c]))] if top else []
         top = top if self.ties == "all" else top[-1:] if self.ties == "last" else top[:1]
         return [c for c in top if not (c == 0 and first_alone)]
 

@@ -7,6 +7,7 @@ default model is the bundled one, which test_default_model_is_the_engines checks
 seconds each; they prove each script runs end to end, not its figures.
 """
 
+import importlib
 import json
 import os
 import re
@@ -172,6 +173,26 @@ def test_named_ties_quick(tmp_path, tiny_model_dir):
     assert any(max(p["scores"]) > 0 for p in prompts)  # the fact questions name their passage
 
 
+def _bench_module(name: str):
+    """A benchmark script imported as a module (benchmarks/ is not a package)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _three_chunks(ids: torch.Tensor, fresh_v: torch.Tensor, question: list[int]):
+    """Candidates of three 100-token chunks whose cached K, V and fresh K are 0: V deviation is
+    ``fresh_v``'s."""
+    from cacheblend.blending.selection import Candidates
+
+    zeros = torch.zeros_like(fresh_v)
+    return Candidates(layer=1, fresh_k=zeros, fresh_v=fresh_v, cached_k=zeros, cached_v=zeros,
+                      positions=torch.arange(300), chunk_offsets=torch.arange(300) % 100, ids=ids,
+                      question_ids=torch.tensor(question))
+
+
 def test_named_ties_blend_quick(tmp_path, tiny_model_dir):
     """One development fact question, which names one passage (no tie): the tie-breaks recompute
     the product's rows, and their blends are the product's to the last digit."""
@@ -189,22 +210,16 @@ def test_named_ties_breaks_a_tie_first_none_or_all():
     deviation, the 15 most deviating tokens: chunk 1's here), both, or the one whose tokens deviate
     most on average; with the first chunk read alone, "first" names none, "all" and "deviation" the
     last alone."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        from named_ties import NamedTie
-    finally:
-        sys.path.remove(str(BENCH))
+    NamedTie = _bench_module("named_ties").NamedTie
     from cacheblend.blending.lexical import chunk_scores, named_chunk
     from cacheblend.blending.selection import Candidates
 
-    n, offsets = 300, torch.arange(300) % 100
+    n = 300
     ids = torch.full((n,), 5)
     ids[10], ids[250] = 7, 8
     v = torch.zeros(2, n, 4)
     v[:, 100:115] = 1.0  # chunk 1's first 15 tokens deviate most
-    cand = Candidates(layer=1, fresh_k=torch.zeros(2, n, 4), fresh_v=v, cached_k=torch.zeros(2, n, 4),
-                      cached_v=torch.zeros(2, n, 4), positions=torch.arange(n), chunk_offsets=offsets,
-                      ids=ids, question_ids=torch.tensor([7, 8]))
+    cand = _three_chunks(ids, v, [7, 8])
     chunk = torch.arange(n) // 100
     assert named_chunk(chunk_scores(ids, chunk, cand.question_ids)) == 0
     assert sorted(NamedTie("first")(cand, 0).tolist()) == list(range(100))
@@ -226,22 +241,15 @@ def test_named_plus_picks_the_named_chunk_whole_then_deviation_where_asked():
     """Three chunks of 100 tokens; the question's rare id is in chunk 1 only. The named chunk
     comes whole, then 2% (6 tokens) by V deviation: the most deviating of chunks 0 and 2 (all six
     in chunk 0 here), or with ``within=2`` those of chunk 2 alone."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        from named_plus import NamedPlusDeviation
-    finally:
-        sys.path.remove(str(BENCH))
-    from cacheblend.blending.selection import Candidates
+    NamedPlusDeviation = _bench_module("named_plus").NamedPlusDeviation
 
-    n, offsets = 300, torch.arange(300) % 100
+    n = 300
     ids = torch.full((n,), 5)
     ids[150] = 7  # the question's name, in chunk 1
-    v = torch.zeros(2, n, 4)
-    fresh = v.clone()
+    fresh = torch.zeros(2, n, 4)
     deviating = [3, 10, 20, 30, 40, 50, 220, 230, 240, 250, 260, 270]  # in chunks 0 and 2, most first
     fresh[:, deviating, :] = torch.arange(12, 0, -1.0)[None, :, None]
-    cand = Candidates(layer=1, fresh_k=v, fresh_v=fresh, cached_k=v, cached_v=v, positions=torch.arange(n),
-                      chunk_offsets=offsets, ids=ids, question_ids=torch.tensor([7, 5]))
+    cand = _three_chunks(ids, fresh, [7, 5])
     named = set(range(100, 200))
     assert set(NamedPlusDeviation(0.02)(cand, 100).tolist()) == named | {3, 10, 20, 30, 40, 50}
     assert set(NamedPlusDeviation(0.02, within=2)(cand, 100).tolist()) == named | set(deviating[6:])
