@@ -237,6 +237,39 @@ def test_named_ties_breaks_a_tie_first_none_or_all():
         NamedTie("middle")
 
 
+def test_attention_chunk_names_by_the_question_stage_one_mass():
+    """Three chunks of 100 tokens; the question's two rare ids are in chunks 0 and 2 (a tie) and
+    stage 1's question mass is highest on chunk 1, then chunk 0, then chunk 2. "ties" breaks the
+    tie by mass (chunk 0; chunk 2 with the first chunk read alone), "chunk" takes the chunk read
+    most (chunk 1), "chunk+named" that and the lexical choice; a question naming no chunk gets 5%
+    by V deviation (15 tokens); with no question score it refuses."""
+    AttentionChunk = _bench_module("attention_chunk").AttentionChunk
+    from cacheblend.blending.selection import Candidates
+
+    n = 300
+    ids = torch.full((n,), 5)
+    ids[10], ids[250] = 7, 8
+    score = torch.full((n,), 0.001)
+    score[100:110], score[0:5] = 0.5, 0.4  # chunk 1 (5.0 + 0.09) over chunk 0 (2.0 + 0.095) over chunk 2 (0.1)
+    cand = Candidates(**{**_three_chunks(ids, torch.zeros(2, n, 4), [7, 8]).__dict__, "question_score": score})
+    alone = Candidates(**{**cand.__dict__, "first_alone": True})
+    assert sorted(AttentionChunk("ties")(cand, 0).tolist()) == list(range(100))
+    assert sorted(AttentionChunk("ties")(alone, 0).tolist()) == list(range(200, 300))
+    assert sorted(AttentionChunk("chunk")(cand, 0).tolist()) == list(range(100, 200))
+    assert sorted(AttentionChunk("chunk+named", "all")(cand, 0).tolist()) == list(range(200))
+    assert sorted(AttentionChunk("chunk+named")(alone, 0).tolist()) == list(range(100, 300))
+    score[200:300] = 1.0  # chunk 2 now read most
+    assert sorted(AttentionChunk("chunk")(alone, 0).tolist()) == list(range(200, 300))
+    v = torch.zeros(2, n, 4)
+    v[:, 140:155] = 1.0
+    no_name = Candidates(**{**alone.__dict__, "fresh_v": v, "question_ids": torch.tensor([9])})
+    assert sorted(AttentionChunk("ties")(no_name, 0).tolist()) == list(range(140, 155))  # 5% by V deviation
+    with pytest.raises(ValueError, match="two-stage"):
+        AttentionChunk("chunk")(_three_chunks(ids, torch.zeros(2, n, 4), [7, 8]), 0)
+    with pytest.raises(ValueError, match="how"):
+        AttentionChunk("middle")
+
+
 def test_named_plus_picks_the_named_chunk_whole_then_deviation_where_asked():
     """Three chunks of 100 tokens; the question's rare id is in chunk 1 only. The named chunk
     comes whole, then 2% (6 tokens) by V deviation: the most deviating of chunks 0 and 2 (all six

@@ -1,0 +1,95 @@
+"""Which chunk to recompute whole, by the attention the question pays it: select_eval with methods
+whose named chunk comes from a first, full-reuse pass over every layer (ProphetKV's stage 1, the
+question selector's: blending/question.py), not only from the question's token ids.
+
+    .venv/bin/python benchmarks/attention_chunk.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --threads 2 --answer-tokens 24 --pool corpus --methods "nb1 reuse,nb1 lexical named,nb1 attention ties,nb1 attention chunk"
+
+The lexical selector names the chunk holding the most of the question's rarer token ids; on
+MuSiQue two chunks often hold them alike (a tie: benchmarks/named_ties.py) and the passage a
+multi-hop answer comes from is often named by no token of the question at all. Stage 1 runs the
+question's rows (and every uncached row) through all layers over the realigned records and sums,
+per chunk, the attention those rows pay its tokens (``question.Fusion``: mean over heads, over the
+last third of the layers; the methods ending in " all": over every layer). Then the one-pass blend of the product's
+named-chunk budget (``"nb1 lexical named"``: a layer-0 prelude, check layer 1) recomputes:
+
+- ``"nb1 attention ties"``: the lexical named chunk, a tie broken by the stage-1 mass (the first
+  chunk read alone never named); where the question names none, 5% by V deviation, as the product;
+- ``"nb1 attention chunk"``: the chunk the question's stage-1 attention reads most, whole,
+  whatever its tokens (the first chunk read alone never named: then the next);
+- ``"nb1 attention chunk+named"``: that chunk and the lexical named chunk (a measurement: two
+  chunks where they differ).
+
+The stage-1 pass is extra cost the product's named chunk does not pay (only the uncached rows,
+every layer; select_eval's ``time`` column includes it).
+"""
+
+from __future__ import annotations
+
+import sys
+
+FLOOR = 0.05  # where no chunk is named: the named chunk's budget's lower bound, by V deviation
+HOWS = ("ties", "chunk", "chunk+named")
+
+
+class AttentionChunk:
+    """The chunk(s) recomputed whole by ``how`` (one of ``HOWS``, above), from stage 1's score."""
+
+    needs_query = False
+    two_stage = True
+    at_check_layers = True  # stage 2 is the one-pass blend of the config's schedule (check layer 1)
+
+    def __init__(self, how: str, layers: str = "last_third") -> None:
+        from cacheblend.blending.question import Fusion
+
+        if how not in HOWS:
+            raise ValueError(f"how must be one of {', '.join(HOWS)}, not {how!r}")
+        self.how, self.fusion = how, Fusion(layers, "mean", False)
+
+    def named(self, lexical, mass, first_alone: bool) -> list[int]:
+        """The chunks to recompute. lexical: [chunks] ``chunk_scores``; mass: [chunks] stage-1 attention."""
+        allowed = [c for c in range(mass.numel()) if not (c == 0 and first_alone)]
+        best = float(lexical.max()) if lexical.numel() else 0.0
+        tied = [c for c in allowed if best > 0 and float(lexical[c]) == best]
+        by_mass = max(allowed, key=lambda c: float(mass[c]), default=None)
+        if self.how == "ties":
+            return [max(tied, key=lambda c: float(mass[c]))] if tied else []
+        if self.how == "chunk":
+            return [] if by_mass is None else [by_mass]
+        return sorted({c for c in (by_mass, tied[0] if tied else None) if c is not None})
+
+    def __call__(self, cand, budget: int):
+        import torch
+
+        from cacheblend.blending.lexical import chunk_scores
+        from cacheblend.blending.question import chunk_ids
+        from cacheblend.blending.selection import DeviationSelector, _top
+
+        if cand.question_score is None:
+            raise ValueError("AttentionChunk needs a two-stage blend (Candidates.question_score)")
+        chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
+        count = int(chunk.max()) + 1
+        mass = torch.zeros(count, dtype=torch.float64).index_add_(0, chunk.cpu(), cand.question_score.double().cpu())
+        named = self.named(chunk_scores(cand.ids, chunk, cand.question_ids), mass, cand.first_alone)
+        if named:
+            return torch.isin(chunk, torch.tensor(named, device=chunk.device)).nonzero().flatten()
+        return _top(DeviationSelector("v").scores(cand), round(FLOOR * cand.positions.numel()))
+
+
+def register() -> None:
+    import select_eval
+
+    config = select_eval.METHODS["nb1 lexical named"][0]
+    for how in HOWS:
+        select_eval.METHODS[f"nb1 attention {how}"] = (config, AttentionChunk(how))
+        select_eval.METHODS[f"nb1 attention {how} all"] = (config, AttentionChunk(how, "all"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import select_eval
+
+    register()
+    select_eval.main_with(__doc__, "nb1 lexical named,nb1 attention ties,nb1 attention chunk", sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()
