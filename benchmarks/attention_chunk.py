@@ -17,7 +17,11 @@ named-chunk budget (``"nb1 lexical named"``: a layer-0 prelude, check layer 1) r
 - ``"nb1 attention chunk"``: the chunk the question's stage-1 attention reads most, whole,
   whatever its tokens (the first chunk read alone never named: then the next);
 - ``"nb1 attention chunk+named"``: that chunk and the lexical named chunk (a measurement: two
-  chunks where they differ).
+  chunks where they differ);
+- ``"nb1 named else question 5%"`` (10%, 15%): the product's named chunk (``lexical.named_chunk``:
+  a tie names the first, the first chunk read alone none), and where it names none, that share of
+  the reused tokens by the question's stage-1 score (the question selector's, last third) in
+  place of the product's 5% by V deviation.
 
 The stage-1 pass is extra cost the product's named chunk does not pay (only the uncached rows,
 every layer; select_eval's ``time`` column includes it).
@@ -28,7 +32,7 @@ from __future__ import annotations
 import sys
 
 FLOOR = 0.05  # where no chunk is named: the named chunk's budget's lower bound, by V deviation
-HOWS = ("ties", "chunk", "chunk+named")
+HOWS = ("ties", "chunk", "chunk+named", "named")
 
 
 class AttentionChunk:
@@ -38,15 +42,20 @@ class AttentionChunk:
     two_stage = True
     at_check_layers = True  # stage 2 is the one-pass blend of the config's schedule (check layer 1)
 
-    def __init__(self, how: str, layers: str = "last_third") -> None:
+    def __init__(self, how: str, layers: str = "last_third", floor: float | None = None) -> None:
         from cacheblend.blending.question import Fusion
 
         if how not in HOWS:
             raise ValueError(f"how must be one of {', '.join(HOWS)}, not {how!r}")
-        self.how, self.fusion = how, Fusion(layers, "mean", False)
+        self.how, self.fusion, self.floor = how, Fusion(layers, "mean", False), floor
 
     def named(self, lexical, mass, first_alone: bool) -> list[int]:
         """The chunks to recompute. lexical: [chunks] ``chunk_scores``; mass: [chunks] stage-1 attention."""
+        if self.how == "named":
+            from cacheblend.blending.lexical import named_chunk
+
+            best = named_chunk(lexical, first_alone)
+            return [] if best is None else [best]
         allowed = [c for c in range(mass.numel()) if not (c == 0 and first_alone)]
         best = float(lexical.max()) if lexical.numel() else 0.0
         tied = [c for c in allowed if best > 0 and float(lexical[c]) == best]
@@ -72,6 +81,8 @@ class AttentionChunk:
         named = self.named(chunk_scores(cand.ids, chunk, cand.question_ids), mass, cand.first_alone)
         if named:
             return torch.isin(chunk, torch.tensor(named, device=chunk.device)).nonzero().flatten()
+        if self.floor is not None:  # the question's stage-1 score picks the floor's tokens
+            return _top(cand.question_score, round(self.floor * cand.positions.numel()))
         return _top(DeviationSelector("v").scores(cand), round(FLOOR * cand.positions.numel()))
 
 
@@ -82,6 +93,8 @@ def register() -> None:
     for how in HOWS:
         select_eval.METHODS[f"nb1 attention {how}"] = (config, AttentionChunk(how))
         select_eval.METHODS[f"nb1 attention {how} all"] = (config, AttentionChunk(how, "all"))
+    for floor in (5, 10, 15):
+        select_eval.METHODS[f"nb1 named else question {floor}%"] = (config, AttentionChunk("named", floor=floor / 100))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -241,8 +241,10 @@ def test_attention_chunk_names_by_the_question_stage_one_mass():
     """Three chunks of 100 tokens; the question's two rare ids are in chunks 0 and 2 (a tie) and
     stage 1's question mass is highest on chunk 1, then chunk 0, then chunk 2. "ties" breaks the
     tie by mass (chunk 0; chunk 2 with the first chunk read alone), "chunk" takes the chunk read
-    most (chunk 1), "chunk+named" that and the lexical choice; a question naming no chunk gets 5%
-    by V deviation (15 tokens); with no question score it refuses."""
+    most (chunk 1), "chunk+named" that and the lexical choice, "named" the product's named chunk
+    (the first tied; none with the first read alone: then, with a floor, the floor's share by the
+    stage-1 score); a question naming no chunk gets 5% by V deviation (15 tokens) without a floor;
+    with no question score it refuses."""
     AttentionChunk = _bench_module("attention_chunk").AttentionChunk
     from cacheblend.blending.selection import Candidates
 
@@ -258,6 +260,8 @@ def test_attention_chunk_names_by_the_question_stage_one_mass():
     assert sorted(AttentionChunk("chunk")(cand, 0).tolist()) == list(range(100, 200))
     assert sorted(AttentionChunk("chunk+named", "all")(cand, 0).tolist()) == list(range(200))
     assert sorted(AttentionChunk("chunk+named")(alone, 0).tolist()) == list(range(100, 300))
+    assert sorted(AttentionChunk("named")(cand, 0).tolist()) == list(range(100))  # the product's: the first tied
+    assert sorted(AttentionChunk("named", floor=0.05)(alone, 0).tolist()) == [*range(5), *range(100, 110)]
     score[200:300] = 1.0  # chunk 2 now read most
     assert sorted(AttentionChunk("chunk")(alone, 0).tolist()) == list(range(200, 300))
     v = torch.zeros(2, n, 4)
