@@ -9,8 +9,8 @@ MuSiQue two chunks often hold them alike (a tie: benchmarks/named_ties.py) and t
 multi-hop answer comes from is often named by no token of the question at all. Stage 1 runs the
 question's rows (and every uncached row) through all layers over the realigned records and sums,
 per chunk, the attention those rows pay its tokens (``question.Fusion``: mean over heads, over the
-last third of the layers; the methods ending in " all": over every layer). Then the one-pass blend of the product's
-named-chunk budget (``"nb1 lexical named"``: a layer-0 prelude, check layer 1) recomputes:
+last third of the layers; the methods ending in " all": over every layer). Then the one-pass blend
+of the product's named-chunk budget (``"nb1 lexical named"``: a layer-0 prelude, check layer 1) recomputes:
 
 - ``"nb1 attention ties"``: the lexical named chunk, a tie broken by the stage-1 mass (the first
   chunk read alone never named); where the question names none, 5% by V deviation, as the product;
@@ -90,7 +90,7 @@ def register() -> None:
     import select_eval
 
     config = select_eval.METHODS["nb1 lexical named"][0]
-    for how in HOWS:
+    for how in HOWS[:-1]:  # "named" is registered with its floors below
         select_eval.METHODS[f"nb1 attention {how}"] = (config, AttentionChunk(how))
         select_eval.METHODS[f"nb1 attention {how} all"] = (config, AttentionChunk(how, "all"))
     for floor in (5, 10, 15):
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     import select_eval
 
     register()
-    select_eval.main_with(__doc__, "nb1 lexical named,nb1 attention ties,nb1 attention chunk", sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    select_eval.main_with(__doc__, "nb1 lexical named,nb1 attention ties,nb1 attention chunk", argv)
 
 
 if __name__ == "__main__":
