@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import sys
 
-FLOOR = 0.05  # where no chunk is named: the named chunk's budget's lower bound, by V deviation
+from named_ties import FLOOR  # where no chunk is named: the named chunk's budget's lower bound, by V deviation
+
 HOWS = ("ties", "chunk", "chunk+named", "named")
 
 
