@@ -18,7 +18,7 @@ of the product's named-chunk budget (``"nb1 lexical named"``: a layer-0 prelude,
   whatever its tokens (the first chunk read alone never named: then the next);
 - ``"nb1 attention chunk+named"``: that chunk and the lexical named chunk (a measurement: two
   chunks where they differ);
-- ``"nb1 named else question 5%"`` (10%, 15%): the product's named chunk (``lexical.named_chunk``:
+- ``"nb1 named else question 5%"`` (8%, 10%, 15%): the product's named chunk (``lexical.named_chunk``:
   a tie names the first, the first chunk read alone none), and where it names none, that share of
   the reused tokens by the question's stage-1 score (the question selector's, last third) in
   place of the product's 5% by V deviation.
@@ -94,7 +94,7 @@ def register() -> None:
     for how in HOWS[:-1]:  # "named" is registered with its floors below
         select_eval.METHODS[f"nb1 attention {how}"] = (config, AttentionChunk(how))
         select_eval.METHODS[f"nb1 attention {how} all"] = (config, AttentionChunk(how, "all"))
-    for floor in (5, 10, 15):
+    for floor in (5, 8, 10, 15):
         select_eval.METHODS[f"nb1 named else question {floor}%"] = (config, AttentionChunk("named", floor=floor / 100))
 
 

@@ -107,6 +107,9 @@ METHODS["nb1 question chunk"] = (BlendConfig(**_Q, question_per_chunk=True), Non
 METHODS["nb1 question max last3"] = (BlendConfig(**_Q, question_heads="max", question_layers="last_third"), None)
 METHODS["nb1 question+sinks2"] = (BlendConfig(**_Q, sinks=2), None)
 METHODS["nb1 question 30%"] = (BlendConfig(**_Q, ratios=(0.3,)), None)
+# the last third at the named chunk's mean budget on long prompts (11-14% of the prompt, docs/QUESTION-SELECTOR.md)
+for _r in (10, 12, 13):
+    METHODS[f"nb1 question last3 {_r}%"] = (BlendConfig(**_Q, question_layers="last_third", ratios=(_r / 100,)), None)
 # stage 1's score and the KV deviation at check layer 1 (after deviation's layer-0 prelude), by weighted rank
 _QD = dict(selector="question+deviation", neighbours=1)
 METHODS["nb1 question+deviation"] = (BlendConfig(**_QD), None)
