@@ -187,6 +187,11 @@ for _name in PRESENT:
     METHODS[_name] = METHODS[_name.replace(" present", "").replace(" before", "")]
 for _cap in (10, 15, 20):  # the same, capped: a named chunk over the cap gets its top-deviation tokens only
     METHODS[f"nb1 lexical named max{_cap}"] = (replace(METHODS["nb1 lexical named"][0], auto_max_ratio=_cap / 100), None)
+# the product's "the named chunk, else the question" (selector="lexical+question"): where the question
+# names no chunk, the budget's lower bound (5 or 8%) by the question's stage-1 score, last third
+for _low in (5, 8):
+    METHODS[f"nb1 lexical+question {_low}%"] = (replace(METHODS["nb1 lexical named"][0], selector="lexical+question",
+                                                        question_layers="last_third", auto_min_ratio=_low / 100), None)
 for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budget, deviation the rest
     METHODS[f"nb1 lexical share {_share}"] = (BlendConfig(selector="lexical", lexical_share=_share), None)
 

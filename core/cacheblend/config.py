@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-SELECTORS = ("deviation", "lexical", "query", "query+deviation", "question", "question+deviation", "random", "chunk_start", "none", "all")
+SELECTORS = ("deviation", "lexical", "lexical+question", "query", "query+deviation", "question", "question+deviation",
+             "random", "chunk_start", "none", "all")
 QUESTION_LAYERS = ("all", "last_third", "last")
 QUESTION_HEADS = ("mean", "max")
 MEASURES = ("k", "v", "kv")
@@ -41,7 +42,9 @@ class BlendConfig:
             The last entry is the recompute ratio: 1.0 reproduces full prefill, 0.0 is full reuse.
         selector: which tokens to recompute: ``deviation`` (CacheBlend: fresh vs cached KV),
             ``lexical`` (the chunks holding the question's rarer tokens, whole, best first, then
-            deviation: ``blending.selection.LexicalSelector``, docs/LEXICAL-SELECTOR.md),
+            deviation: ``blending.lexical.LexicalSelector``, docs/LEXICAL-SELECTOR.md),
+            ``lexical+question`` (the same, but where the question names no chunk the question's
+            attention over the model's depth picks, as ``question``'s does: ``LexicalQuestionSelector``),
             ``query`` (the tokens the question attends to most at the check layer),
             ``query+deviation`` (both, by weighted rank), ``random`` (ablation), ``chunk_start``
             (EPIC-style, the first tokens of each chunk), ``none`` or ``all``; ``question``
@@ -161,19 +164,16 @@ class BlendConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        for name in ("fresh_check", "lead_alone", "question_per_chunk", "auto_budget"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.sinks, int) or isinstance(self.sinks, bool) or self.sinks < 0:
             raise ValueError(f"sinks must be a non-negative integer, got {self.sinks!r}")
-        if not isinstance(self.fresh_check, bool):
-            raise ValueError(f"fresh_check must be True or False, got {self.fresh_check!r}")
-        if not isinstance(self.lead_alone, bool):
-            raise ValueError(f"lead_alone must be True or False, got {self.lead_alone!r}")
         if not isinstance(self.neighbours, int) or isinstance(self.neighbours, bool) or not 0 <= self.neighbours <= MAX_NEIGHBOURS:
             raise ValueError(f"neighbours must be an integer in [0, {MAX_NEIGHBOURS}], got {self.neighbours!r}")
         _check_choice("measure", self.measure, MEASURES)
         _check_choice("question_layers", self.question_layers, QUESTION_LAYERS)
         _check_choice("question_heads", self.question_heads, QUESTION_HEADS)
-        if not isinstance(self.question_per_chunk, bool):
-            raise ValueError(f"question_per_chunk must be True or False, got {self.question_per_chunk!r}")
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
         self._check_auto()
@@ -184,8 +184,6 @@ class BlendConfig:
                 raise ValueError(f"{name} must be a number in {'(0' if low_open else '[0'}, 1], got {value!r}")
 
     def _check_auto(self) -> None:
-        if not isinstance(self.auto_budget, bool):
-            raise ValueError(f"auto_budget must be True or False, got {self.auto_budget!r}")
         _check_choice("auto_signal", self.auto_signal, BUDGET_SIGNALS)
         for name in ("auto_min_ratio", "auto_max_ratio"):
             value = getattr(self, name)
@@ -200,7 +198,8 @@ class BlendConfig:
             raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
         if self.auto_budget and self.selector == "question":
             raise ValueError("the auto budget reads its signal at a check layer; selector 'question' has none")
-        w, lexical = self.lead_after_named, self.selector == "lexical" and self.neighbours > 0 and self.lead_alone
+        w = self.lead_after_named
+        lexical = self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
         if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical):
             raise ValueError(f"lead_after_named must be in [0, 1] (True: 1), above 0 only with selector='lexical' "
                              f"and lead records; got {w!r}")

@@ -98,11 +98,13 @@ def blend_prefill(model: ModelAdapter, inp: BlendInput, selector: Selector, sche
     computed to compare them with the cache), so keep them all for that layer's attention and
     cache instead of falling back to the cached K/V of the rows the selector drops.
 
-    A selector with ``two_stage`` set (``QuestionSelector``) runs the two-stage blend instead (the
-    module docstring, ``_two_stage``): ``schedule``'s last ratio is its recompute ratio, its check
-    layers and ``fresh_check`` play no part (unless the selector sets ``at_check_layers``).
-    """
-    if getattr(selector, "two_stage", False):
+    A selector with ``two_stage`` set (``QuestionSelector``), or whose ``stage_one_for`` says so of
+    this prompt (``LexicalQuestionSelector``), runs the two-stage blend (the module docstring,
+    ``_two_stage``): ``schedule``'s last ratio is its recompute ratio, its check layers and
+    ``fresh_check`` play no part (unless the selector sets ``at_check_layers``)."""
+    staged = getattr(selector, "stage_one_for", None)
+    if getattr(selector, "two_stage", False) or (staged and staged(
+            inp.ids, inp.reused, inp.chunk_offsets, _Check.of(inp, selector).asking, inp.first_alone)):
         return _two_stage(model, inp, selector, schedule, fresh_check)
     return _blend(model, inp, selector, schedule, fresh_check)
 
@@ -182,10 +184,8 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
         out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score)
     else:
         out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score)
-    out.first_stage_rows = first.recomputed
-    out.first_stage_active = first.active_rows
-    out.question_rows = asked.rows
-    out.question_layers = asked.layers
+    out.first_stage_rows, out.first_stage_active = first.recomputed, first.active_rows
+    out.question_rows, out.question_layers = asked.rows, asked.layers
     return out
 
 

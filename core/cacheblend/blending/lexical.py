@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from .question import chunk_ids
+from .question import Fusion, chunk_ids
 from .selection import Candidates, DeviationSelector, _rank, _top
 
 
@@ -116,3 +116,35 @@ class LexicalSelector:
         rest = deviation.clone()
         rest[named] = -1.0  # deviations are >= 0: the named tokens are not picked twice
         return torch.cat([named, _top(rest, budget - named.numel())])
+
+
+@dataclass(frozen=True)
+class LexicalQuestionSelector:
+    """``selector="lexical+question"``: the lexical selector where the question names a chunk;
+    where it names none (``named_chunk``: no chunk holds a rarer question token, or the best is the
+    prompt's first chunk read alone, as when a multi-hop question names two passages alike and
+    the first is one of them), the budget goes by the attention the question pays each reused
+    token over the model's depth (the question selector's stage 1, fused by ``fusion``) instead
+    of by V deviation. Only those prompts pay stage 1 (``stage_one_for``); stage 2 is the one-pass
+    blend of the config's schedule over stage 1's caches (``at_check_layers``), its picks
+    ``scores``' top. Where the named chunk had nothing to name, deviation at check layer 1 barely
+    beat full reuse on Qwen's long prompts and the question's score did (docs/QUESTION-SELECTOR.md)."""
+
+    lexical: LexicalSelector
+    fusion: Fusion
+    needs_query: ClassVar[bool] = False
+    at_check_layers: ClassVar[bool] = True
+
+    def stage_one_for(self, ids: torch.Tensor, reused: torch.Tensor, chunk_offsets: torch.Tensor,
+                      asking: torch.Tensor, first_alone: bool) -> bool:
+        """Whether this prompt needs stage 1: its question names no chunk. ids, reused,
+        chunk_offsets, asking: [N], the prompt's (``BlendInput``; asking: the question's rows)."""
+        chunk = chunk_ids(reused, chunk_offsets)[reused]
+        return named_chunk(chunk_scores(ids[reused], chunk, ids[asking]), first_alone) is None
+
+    def scores(self, cand: Candidates) -> torch.Tensor:
+        """Stage 1's fused score in a two-stage blend, else the lexical selector's."""
+        return self.lexical.scores(cand) if cand.question_score is None else cand.question_score
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        return self.lexical(cand, budget) if cand.question_score is None else _top(cand.question_score, budget)

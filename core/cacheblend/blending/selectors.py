@@ -8,7 +8,8 @@ the one-pass ones, its own module when it is a concept of its own, as ``lexical.
 from __future__ import annotations
 
 from ..config import BlendConfig
-from .lexical import LexicalSelector
+from .lexical import LexicalQuestionSelector, LexicalSelector
+from .question import Fusion
 from .selection import (
     AllSelector,
     ChunkStartSelector,
@@ -39,6 +40,9 @@ def make_selector(config: BlendConfig) -> Selector:
     if config.selector in scoring:
         inner = scoring[config.selector]()
         return SinkSelector(inner, config.sinks) if config.sinks else inner
+    if config.selector == "lexical+question":
+        fusion = Fusion(config.question_layers, config.question_heads, config.question_per_chunk)
+        return LexicalQuestionSelector(LexicalSelector(config.measure, config.lexical_share), fusion)
     if config.selector == "random":
         return RandomSelector(config.seed)
     if config.selector == "chunk_start":
