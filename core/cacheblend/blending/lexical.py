@@ -126,8 +126,8 @@ class LexicalQuestionSelector:
     the first is one of them), the budget goes by the attention the question pays each reused
     token over the model's depth (the question selector's stage 1, fused by ``fusion``) instead
     of by V deviation. Only those prompts pay stage 1 (``stage_one_for``); stage 2 is the one-pass
-    blend of the config's schedule over stage 1's caches (``at_check_layers``), its picks
-    ``scores``' top. Where the named chunk had nothing to name, deviation at check layer 1 barely
+    blend of the config's schedule over stage 1's caches (``at_check_layers``), picking the fused
+    score's top. Where the named chunk had nothing to name, deviation at check layer 1 barely
     beat full reuse on Qwen's long prompts and the question's score did (docs/QUESTION-SELECTOR.md)."""
 
     lexical: LexicalSelector
@@ -141,10 +141,6 @@ class LexicalQuestionSelector:
         chunk_offsets, asking: [N], the prompt's (``BlendInput``; asking: the question's rows)."""
         chunk = chunk_ids(reused, chunk_offsets)[reused]
         return named_chunk(chunk_scores(ids[reused], chunk, ids[asking]), first_alone) is None
-
-    def scores(self, cand: Candidates) -> torch.Tensor:
-        """Stage 1's fused score in a two-stage blend, else the lexical selector's."""
-        return self.lexical.scores(cand) if cand.question_score is None else cand.question_score
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         return self.lexical(cand, budget) if cand.question_score is None else _top(cand.question_score, budget)
