@@ -21,7 +21,9 @@ of the product's named-chunk budget (``"nb1 lexical named"``: a layer-0 prelude,
 - ``"nb1 named else question 5%"`` (8%, 10%, 15%): the product's named chunk (``lexical.named_chunk``:
   a tie names the first, the first chunk read alone none), and where it names none, that share of
   the reused tokens by the question's stage-1 score (the question selector's, last third) in
-  place of the product's 5% by V deviation.
+  place of the product's 5% by V deviation. The product's version is ``selector="lexical+question"``
+  (``"nb1 lexical+question 8%"`` in select_eval: stage 1 on those prompts only); this one stays to
+  rerun the development figures it made (docs/QUESTION-SELECTOR.md).
 
 The stage-1 pass is extra cost the product's named chunk does not pay (only the uncached rows,
 every layer; select_eval's ``time`` column includes it).
