@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..models.adapter import ModelAdapter
+from ..models.kernels import prefix_split, stack_heads
 
 _GROUPS = 8  # query groups for partial-row attention (measured: 8 is fastest at 3k tokens, 15%)
 _GROUP_MIN_ROWS = 64
@@ -36,24 +37,32 @@ class RowPlan:
         self._rows = [(a, z + 1, p0, p1) for (a, z), p0, p1 in zip(bounds, first, last)]  # (a, b, pos of a, of b-1)
         self._masks: dict[tuple[int | None, torch.dtype], list[torch.Tensor]] = {}
 
-    def groups(self, window: int | None) -> list[tuple[int, int, int, int]]:
-        """(a, b, lo, hi): rows [a, b) attend to keys [lo, hi) (key index == position)."""
-        return [(a, b, 0 if window is None else max(0, p0 - window + 1), p1 + 1) for a, b, p0, p1 in self._rows]
+    def groups(self, window: int | None, split: bool = False) -> list[tuple[int, int, int, int, int]]:
+        """(a, b, lo, mid, hi): rows [a, b) see every key in [lo, mid) and, by the mask, some of
+        [mid, hi) (key index == position). ``split`` (full attention only): mid is the group's first
+        position, the keys before it seen by every row of the group; otherwise mid == lo."""
+        out = []
+        for a, b, p0, p1 in self._rows:
+            lo = 0 if window is None else max(0, p0 - window + 1)
+            out.append((a, b, lo, p0 if split and window is None else lo, p1 + 1))
+        return out
 
-    def masks(self, window: int | None, dtype: torch.dtype) -> list[torch.Tensor]:
-        """Per group, the additive mask [1, 1, b-a, hi-lo]: 0 where a row sees a key, -inf elsewhere
-        (what SDPA makes of a boolean mask, made once)."""
-        if (window, dtype) not in self._masks:
+    def masks(self, window: int | None, dtype: torch.dtype, split: bool = False, stack: int = 1) -> list[torch.Tensor]:
+        """Per group, the additive mask [1, 1, stack*(b-a), hi-mid] of ``groups(window, split)``: 0
+        where a row sees a key, -inf elsewhere (what SDPA makes of a boolean mask, made once),
+        repeated ``stack`` times along the rows (``kernels.stack_heads``)."""
+        key = (window, dtype, split, stack)
+        if key not in self._masks:
             masks = []
-            for a, b, lo, hi in self.groups(window):
-                q_pos, k_pos = self.q_pos[a:b, None], torch.arange(lo, hi, device=self.q_pos.device)[None]
-                seen = k_pos <= q_pos  # [b-a, hi-lo]
+            for a, b, lo, mid, hi in self.groups(window, split):
+                q_pos, k_pos = self.q_pos[a:b, None], torch.arange(mid, hi, device=self.q_pos.device)[None]
+                seen = k_pos <= q_pos  # [b-a, hi-mid]
                 if window is not None:
                     seen &= k_pos > q_pos - window
                 mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
-                masks.append(mask[None, None])
-            self._masks[(window, dtype)] = masks
-        return self._masks[(window, dtype)]
+                masks.append(stack_heads(mask[None, None], stack))
+            self._masks[key] = masks
+        return self._masks[key]
 
 
 def attend_rows(model: ModelAdapter, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: RowPlan) -> torch.Tensor:
@@ -61,13 +70,16 @@ def attend_rows(model: ModelAdapter, layer: int, q: torch.Tensor, k: torch.Tenso
 
     q [1,H,n,d] (rotated) at plan.q_pos; k, v [1,Hkv,N,d] at positions 0..N-1. Each group of
     rows attends only to the keys up to its last row (most masked-out work skipped), with the
-    masks the plan built once. With every row active this is one kernel call, as a full prefill
-    runs it. Returns [1, n, H*d]."""
+    masks the plan built once; on CPU a group of a full-attention layer runs as its visible prefix
+    and the rest, merged (``models/kernels.py``). With every row active this is one kernel call,
+    as a full prefill runs it. Returns [1, n, H*d]."""
     if plan.causal:
         return model.attend(layer, q, k, v, plan.q_pos)
     window = model.window(layer)
+    split = window is None and prefix_split(q.device)
+    stack = model.num_heads // model.num_kv_heads if split else 1
     parts = [
-        model.attend_block(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], mask)  # [1, b-a, H, d]; slices, no gather
-        for (a, b, lo, hi), mask in zip(plan.groups(window), plan.masks(window, q.dtype))
+        model.attend_block(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], mask, mid - lo if split else None)  # [1,b-a,H,d]
+        for (a, b, lo, mid, hi), mask in zip(plan.groups(window, split), plan.masks(window, q.dtype, split, stack))
     ]
     return torch.cat(parts, dim=1).reshape(q.shape[0], q.shape[2], -1)

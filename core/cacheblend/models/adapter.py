@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .kernels import attend_split
+
 
 class UnsupportedModelError(ValueError):
     """The model's architecture has no adapter."""
@@ -120,9 +122,14 @@ class ModelAdapter:
         """The sliding window of ``layer`` (None for full attention)."""
         return self._windows[layer]
 
-    def attend_block(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def attend_block(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     visible: int | None = None) -> torch.Tensor:
         """One block of rows over one block of keys with an additive mask: q [1,H,n,d] (rotated),
-        k, v [1,Hkv,m,d], mask [1,1,n,m]. Returns [1, n, H, d]."""
+        k, v [1,Hkv,m,d], mask [1,1,n,m]. With ``visible`` (``kernels.attend_split``, where
+        ``kernels.prefix_split``): every row sees the first ``visible`` keys and ``mask``
+        [1,1,(H/Hkv)*n,m-visible] covers the rest. Returns [1, n, H, d]."""
+        if visible is not None:
+            return attend_split(q, k, v, visible, mask, self.scaling)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
         return out.transpose(1, 2)
 
