@@ -15,6 +15,11 @@ blend with each kernel (the masked side runs with ``rows.prefix_split`` switched
 per kernel the median TTFT, the speedup, the median per-prompt share of the compute floor
 (``tools/bench.py``: rows and multiply-accumulates) and the largest logit difference between the
 two kernels. Ratios within one run: absolute times on a shared machine are noisy.
+
+``--ops``: where the blend's time goes against its floor. The first prompt's full prefill and split
+blend run ``--repeats`` more times under torch's profiler; per ATen op, the blend's self time
+beside the full prefill's scaled by the row floor's weight (the share of the full prefill's work
+the floor expects the blend to do), largest excess first.
 """
 
 from __future__ import annotations
@@ -43,6 +48,31 @@ def timed(engine: BlendEngine, req: dict, kernel: str | None):
     return time.perf_counter() - started, pre
 
 
+def op_times(engine: BlendEngine, req: dict, kernel: str | None, repeats: int) -> dict[str, float]:
+    """Seconds of self CPU time per ATen op, per prefill (the mean over ``repeats``)."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        for _ in range(repeats):
+            timed(engine, req, kernel)
+    return {e.key: e.self_cpu_time_total / 1e6 / repeats for e in prof.key_averages()}
+
+
+def op_excess(engine: BlendEngine, req: dict, weight: float, repeats: int) -> dict:
+    """``--ops``: the blend's op times against the full prefill's times ``weight``."""
+    full, blend = op_times(engine, req, None, repeats), op_times(engine, req, "split", repeats)
+    ops = [{"op": k, "full_s": full.get(k, 0.0), "blend_s": blend.get(k, 0.0),
+            "excess_s": blend.get(k, 0.0) - weight * full.get(k, 0.0)} for k in set(full) | set(blend)]
+    ops.sort(key=lambda o: -o["excess_s"])
+    total = {"full_s": sum(full.values()), "blend_s": sum(blend.values()), "weight": weight}
+    print(f"ops, first prompt: blend {total['blend_s']:.3f}s against {weight:.3f} x full {total['full_s']:.3f}s "
+          f"= {weight * total['full_s']:.3f}s")
+    for o in ops[:12]:
+        print(f"  {o['op']:<52} blend {o['blend_s']:.3f}s, floor's share of full {weight * o['full_s']:.3f}s, "
+              f"excess {o['excess_s']:+.3f}s")
+    return {"total": total, "ops": [o for o in ops if abs(o["excess_s"]) >= 5e-4]}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap, quick="2 prompts of 2 pydoc passages of up to 96 tokens, 1 repeat")
@@ -50,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--start", type=int, default=50, help="first MuSiQue example (50-149: the reporting split)")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ops", action="store_true", help="profile the first prompt: the blend's time per op against its floor")
     args = ap.parse_args(argv)
     record = RunRecord.start(args)
     engine = BlendEngine.from_pretrained(args.model)
@@ -60,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         examples = load_musique(Path(args.dataset), 6)[args.start:args.start + args.prompts]
     full_layers = min(engine.config.schedule())
     layers = engine.adapter.num_layers
-    prompts = []
+    prompts, ops = [], None
     for i, ex in enumerate(examples):
         engine.warm(ex.passages, progress=False)
         req = dict(chunks=ex.passages, query=ex.question, prefix=QA_PREFIX)
@@ -83,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{i + 1}/{len(examples)}] {row['prompt_tokens']} tokens, {share:.1%} recomputed: full {med['full']:.2f}s, "
               f"split {med['split']:.2f}s ({row['split']['of_floor']:.2f} of floor), masked {med['masked']:.2f}s "
               f"({row['masked']['of_floor']:.2f}); logits differ by {row['logits_max_diff']:.1e}")
+        if args.ops and i == 0:
+            ops = op_excess(engine, req, 1 / row["floor"], args.repeats)
     rows_module.prefix_split = KERNELS["split"]
     summary = {k: {m: statistics.median(p[k][m] for p in prompts) for m in ("speedup", "of_floor", "of_mac_floor")}
                for k in ("split", "masked")}
@@ -93,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{s['of_mac_floor']:.2f} (MACs)")
     print(f"masked / split TTFT, median per prompt: {summary['split_over_masked']:.3f}")
     record.write(args.run_file, {"config": repr(engine.config), "start": args.start, "repeats": args.repeats,
-                                 "summary": summary, "prompts": prompts})
+                                 "summary": summary, "prompts": prompts, "ops": ops})
 
 
 if __name__ == "__main__":
