@@ -35,7 +35,7 @@ class RowPlan:
         bounds = [(int(c[0]), int(c[-1])) for c in splits if len(c)]  # first and last row of each group
         first, last = q_pos[torch.tensor(bounds, device=q_pos.device).T].tolist()  # the one host read
         self._rows = [(a, z + 1, p0, p1) for (a, z), p0, p1 in zip(bounds, first, last)]  # (a, b, pos of a, of b-1)
-        self._masks: dict[tuple[int | None, torch.dtype], list[torch.Tensor]] = {}
+        self._masks: dict[tuple[int | None, torch.dtype, bool, int], list[torch.Tensor]] = {}  # masks()'s args
 
     def groups(self, window: int | None, split: bool = False) -> list[tuple[int, int, int, int, int]]:
         """(a, b, lo, mid, hi): rows [a, b) see every key in [lo, mid) and, by the mask, some of

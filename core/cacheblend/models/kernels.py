@@ -3,13 +3,13 @@
 After a check layer a blend computes a sparse set of rows, grouped into contiguous runs
 (``blending/rows.py``). A group of rows at positions p0 < ... < p1 sees every key before p0 and,
 past it, each row only the keys up to its own position. One masked SDPA call over keys [0, p1] is
-what ran before; on CPU it measured ~1.5x the attention work's ideal time (SmolLM2 and Qwen2.5
-shapes, 3.5k keys, 16% of the rows): a masked call cannot skip work or pick the kernel's best
-blocks, and a small group of rows makes small blocks. Here the group runs as two calls of the
+what ran before: a masked call applies its mask to every block, the visible prefix included, and
+a small group of rows makes small blocks. Here the group runs as two calls of the
 CPU flash kernel, one over the visible prefix without a mask and one over the rest with the
 causal mask, merged exactly by their log-sum-exps. The query heads that share a K/V head are
 stacked as rows of one call (``enable_gqa`` repeats the keys instead), so each call has
-``heads // kv_heads`` times more rows: bigger blocks. Measured in ``benchmarks/attention_split.py``.
+``heads // kv_heads`` times more rows: bigger blocks. ``benchmarks/attention_split.py`` measures
+the two end to end (README: 1.03x on SmolLM2's MuSiQue prompts, within noise on Qwen2.5's).
 
 The flash kernel that returns the log-sum-exp is a private ATen op
 (``_scaled_dot_product_flash_attention_for_cpu``, torch's own CPU SDPA path); where it is missing,
