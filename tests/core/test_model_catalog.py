@@ -43,13 +43,13 @@ def test_every_pin_is_exact_and_the_qwen_parts_add_up_to_its_gguf():
 
 def test_qwen_starts_from_the_named_chunks_budget_and_every_other_model_from_the_default():
     """A catalogue alias's config is the package default with the fields its reporting splits chose
-    (only Qwen's differ: the chunk the question names, recomputed whole); explicit fields win, and a
+    (only Qwen's differ: the chunk the question names, recomputed whole, else what the question attends to); explicit fields win, and a
     model the catalogue does not name gets the package default."""
     from cacheblend import BlendConfig
 
     qwen = BlendConfig.for_model("qwen2.5-0.5b-instruct")
-    assert (qwen.selector, qwen.auto_budget, qwen.auto_signal) == ("lexical", True, "named_share")
-    assert (qwen.auto_min_ratio, qwen.auto_max_ratio) == (0.05, 0.3)
+    assert (qwen.selector, qwen.auto_budget, qwen.auto_signal) == ("lexical+question", True, "named_share")
+    assert (qwen.question_layers, qwen.auto_min_ratio, qwen.auto_max_ratio) == ("last_third", 0.08, 0.3)
     assert qwen.kv_differences(BlendConfig()) == {}  # the same KV: one store serves both configs
     assert BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0).neighbours == 0
     assert BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="deviation", auto_budget=False).selector == "deviation"

@@ -21,8 +21,9 @@ QWEN = "qwen2.5-0.5b-instruct"
 
 
 def test_qwen_default_the_named_chunk_and_deviation_beat_full_reuse_of_the_same_records(qwen_dir):
-    """Qwen's default (its catalogue choice, ``BlendConfig.for_model``: ``selector="lexical"``,
-    ``auto_signal="named_share"``, the passage the question names recomputed whole) and the package
+    """Qwen's default (its catalogue choice, ``BlendConfig.for_model``: ``selector="lexical+question"``,
+    ``auto_signal="named_share"``, the passage the question names recomputed whole; every lookup
+    here names its passage, so the question's attention never picks) and the package
     default (deviation, 15%) are closer to Qwen's full prefill than full reuse of the same records
     in KL, Qwen's default more so, and neither loses an answer full reuse keeps.
 
@@ -37,7 +38,7 @@ def test_qwen_default_the_named_chunk_and_deviation_beat_full_reuse_of_the_same_
     cores (`-s` prints the numbers)."""
     weights = shared_engine(QWEN)
     config = BlendConfig.for_model(QWEN)
-    assert config.selector == "lexical" and config.auto_signal == "named_share"
+    assert config.selector == "lexical+question" and config.auto_signal == "named_share"
     engine = BlendEngine(weights.adapter.model, weights.tokenizer, config=config, name=weights.name)
     settings = {
         "default": (ORDER, {}),
