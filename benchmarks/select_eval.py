@@ -36,6 +36,7 @@ from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import mean_kl, token_f1
 from runfile import DEFAULT_MODEL, RunRecord, add_common
 from cacheblend.prefilling import Prefiller
+from cacheblend.blending.selectors import make_selector
 from cacheblend.prompts.request import has_chat_template
 from cacheblend.blending.selection import (
     ChunkStartSelector,
@@ -192,6 +193,10 @@ for _cap in (10, 15, 20):  # the same, capped: a named chunk over the cap gets i
 for _low in (5, 8):
     METHODS[f"nb1 lexical+question {_low}%"] = (replace(METHODS["nb1 lexical named"][0], selector="lexical+question",
                                                         question_layers="last_third", auto_min_ratio=_low / 100), None)
+# the same, but where the prompt's first chunk reads its lead record, the question's score leaves it out
+for _low in (5, 8):
+    _cfg = METHODS[f"nb1 lexical+question {_low}%"][0]
+    METHODS[f"nb1 lexical+question {_low}% skip first"] = (_cfg, replace(make_selector(_cfg), skip_first=True))
 for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budget, deviation the rest
     METHODS[f"nb1 lexical share {_share}"] = (BlendConfig(selector="lexical", lexical_share=_share), None)
 

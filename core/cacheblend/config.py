@@ -230,8 +230,8 @@ class BlendConfig:
     @classmethod
     def for_model(cls, model: str, **fields) -> BlendConfig:
         """The config ``model`` starts from: for a catalogue alias, the fields its reporting splits
-        chose (``models/catalog.py``, ``CatalogModel.blend``: Qwen 0.5B recomputes the chunk the
-        question names, docs/LEXICAL-SELECTOR.md), else the package default; ``fields`` override
+        chose (``models/catalog.py``, ``CatalogModel.blend``: Qwen 0.5B recomputes the chunk the question
+        names, else what it attends to: docs/QUESTION-SELECTOR.md), else the package default; ``fields`` override
         either (``BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0)``), but for those
         given as None (a command-line flag left out), which keep the model's."""
         from .models.catalog import MODELS

@@ -96,3 +96,27 @@ def test_the_engine_reports_stage_one_only_where_the_question_names_no_chunk(mak
     assert first.chunk_hits == second.chunk_hits == 3
     assert first.first_stage_tokens == first.prompt_tokens - first.hit_tokens > 0 and first.recompute_ratio == FLOOR
     assert second.first_stage_tokens == 0 and second.recompute_ratio > FLOOR
+
+
+@pytest.mark.parametrize("family", ["llama"])  # the tiny qwen2's question picks no first-chunk row here
+def test_skip_first_leaves_the_lead_record_out_of_the_question_score(make_engine, family):
+    """``skip_first`` (an option under measurement): where no chunk is named and the first chunk
+    reads its lead record, its rows are left out of the question's top; elsewhere it changes
+    nothing. The plain selector picks some of them on this prompt, so the test can fail."""
+    from cacheblend.blending.question import chunk_ids
+
+    engine = make_engine(family, **{**NAMED, "selector": BOTH})
+    engine.warm(CHUNKS)
+    plain = make_selector(engine.config)
+    skipping = replace(plain, skip_first=True)
+    schedule = engine.config.schedule()
+    inp = prompt(engine, (0, 1, 2))  # nothing named: stage 1
+    first_rows = (chunk_ids(inp.reused, inp.chunk_offsets) == 0).nonzero().flatten()
+    picked = {m: blend_prefill(engine.adapter, inp, s, schedule).active_rows[-1] for m, s in
+              (("plain", plain), ("skip", skipping))}
+    assert torch.isin(picked["plain"], first_rows).any()
+    assert not torch.isin(picked["skip"], first_rows).any()
+    assert picked["skip"].numel() == picked["plain"].numel()
+    named = prompt(engine, (1, 0, 2))
+    a, b = (blend_prefill(engine.adapter, named, s, schedule) for s in (plain, skipping))
+    assert torch.equal(a.logits, b.logits) and b.first_stage_rows == 0

@@ -132,6 +132,7 @@ class LexicalQuestionSelector:
 
     lexical: LexicalSelector
     fusion: Fusion
+    skip_first: bool = False  # where the first chunk reads its lead record, leave it out of the score
     needs_query: ClassVar[bool] = False
     at_check_layers: ClassVar[bool] = True
 
@@ -143,4 +144,10 @@ class LexicalQuestionSelector:
         return named_chunk(chunk_scores(ids[reused], chunk, ids[asking]), first_alone) is None
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
-        return self.lexical(cand, budget) if cand.question_score is None else _top(cand.question_score, budget)
+        if cand.question_score is None:
+            return self.lexical(cand, budget)
+        score = cand.question_score
+        if self.skip_first and cand.first_alone:  # its KV has full prefill's context already: last
+            first = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets) == 0
+            score = score.masked_fill(first, float("-inf"))
+        return _top(score, budget)
