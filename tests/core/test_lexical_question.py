@@ -100,7 +100,7 @@ def test_the_engine_reports_stage_one_only_where_the_question_names_no_chunk(mak
 
 @pytest.mark.parametrize("family", ["llama"])  # the tiny qwen2's question picks no first-chunk row here
 def test_skip_first_leaves_the_lead_record_out_of_the_question_score(make_engine, family):
-    """``skip_first`` (an option under measurement): where no chunk is named and the first chunk
+    """``skip_first`` (an option, off: its rule failed on Qwen's MuSiQue): where no chunk is named and the first chunk
     reads its lead record, its rows are left out of the question's top; elsewhere it changes
     nothing. The plain selector picks some of them on this prompt, so the test can fail."""
     from cacheblend.blending.question import chunk_ids

@@ -132,7 +132,7 @@ class LexicalQuestionSelector:
 
     lexical: LexicalSelector
     fusion: Fusion
-    skip_first: bool = False  # where the first chunk reads its lead record, leave it out of the score
+    skip_first: bool = False  # rank the first chunk's lead record last (off: its rule failed, QUESTION-SELECTOR.md)
     needs_query: ClassVar[bool] = False
     at_check_layers: ClassVar[bool] = True
 
@@ -147,7 +147,7 @@ class LexicalQuestionSelector:
         if cand.question_score is None:
             return self.lexical(cand, budget)
         score = cand.question_score
-        if self.skip_first and cand.first_alone:  # its KV has full prefill's context already: last
+        if self.skip_first and cand.first_alone:  # its KV has full prefill's context already
             first = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets) == 0
             score = score.masked_fill(first, float("-inf"))
         return _top(score, budget)
