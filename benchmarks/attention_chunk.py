@@ -73,12 +73,11 @@ class AttentionChunk:
         import torch
 
         from cacheblend.blending.lexical import chunk_scores
-        from cacheblend.blending.question import chunk_ids
         from cacheblend.blending.selection import DeviationSelector, _top
 
         if cand.question_score is None:
             raise ValueError("AttentionChunk needs a two-stage blend (Candidates.question_score)")
-        chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
+        chunk = cand.chunks()  # [n]
         count = int(chunk.max()) + 1
         mass = torch.zeros(count, dtype=torch.float64).index_add_(0, chunk.cpu(), cand.question_score.double().cpu())
         named = self.named(chunk_scores(cand.ids, chunk, cand.question_ids), mass, cand.first_alone)

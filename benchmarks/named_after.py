@@ -59,7 +59,6 @@ import torch
 
 import select_eval
 from cacheblend.blending.lexical import chunk_scores, named_chunk
-from cacheblend.blending.question import chunk_ids
 from cacheblend.blending.selection import Candidates, DeviationSelector
 from cacheblend.stores.record import ChunkRecord
 from cacheblend.tools.factset import entities
@@ -75,7 +74,7 @@ class NamedAfter:
         self.after = after
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
-        chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
+        chunk = cand.chunks()  # [n]
         best = named_chunk(chunk_scores(cand.ids, chunk, cand.question_ids), cand.first_alone)
         if best is None:
             return DeviationSelector("v")(cand, budget)

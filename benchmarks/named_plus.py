@@ -27,7 +27,6 @@ import torch
 
 import select_eval
 from cacheblend.blending.lexical import chunk_scores, named_chunk
-from cacheblend.blending.question import chunk_ids
 from cacheblend.blending.selection import Candidates, DeviationSelector, _top
 
 
@@ -43,7 +42,7 @@ class NamedPlusDeviation:
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         n = cand.positions.numel()
-        chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
+        chunk = cand.chunks()  # [n]
         best = named_chunk(chunk_scores(cand.ids, chunk, cand.question_ids), cand.first_alone)
         deviation = DeviationSelector("v").scores(cand)  # [n], >= 0
         named = (chunk == best).nonzero().flatten() if best is not None else deviation.new_zeros(0, dtype=torch.long)

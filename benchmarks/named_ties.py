@@ -70,10 +70,9 @@ class NamedTie:
         import torch
 
         from cacheblend.blending.lexical import chunk_scores
-        from cacheblend.blending.question import chunk_ids
         from cacheblend.blending.selection import DeviationSelector, _top
 
-        chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
+        chunk = cand.chunks()  # [n]
         scores, dev = chunk_scores(cand.ids, chunk, cand.question_ids), DeviationSelector("v").scores(cand)  # [n]
         mean = torch.zeros(scores.numel(), dtype=dev.dtype).index_add_(0, chunk, dev) / torch.bincount(chunk)
         named = self.named(scores, cand.first_alone, mean)

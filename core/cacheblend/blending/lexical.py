@@ -93,7 +93,7 @@ class LexicalSelector:
         rank in [0, 1); ``deviation``: its V deviation scores, when the caller has them already."""
         if cand.ids is None or cand.question_ids is None:
             raise ValueError("the lexical selector needs Candidates.ids and Candidates.question_ids")
-        chunk = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets)  # [n]
+        chunk = cand.chunks()  # [n]
         chunk_score = chunk_scores(cand.ids, chunk, cand.question_ids)  # [chunks]
         best = named_chunk(chunk_score, cand.first_alone)
         if best is None:  # it names nothing recomputing helps: deviation
@@ -148,6 +148,6 @@ class LexicalQuestionSelector:
             return self.lexical(cand, budget)
         score = cand.question_score
         if self.skip_first and cand.first_alone:  # its KV has full prefill's context already
-            first = chunk_ids(torch.ones_like(cand.chunk_offsets, dtype=torch.bool), cand.chunk_offsets) == 0
+            first = cand.chunks() == 0
             score = score.masked_fill(first, float("-inf"))
         return _top(score, budget)

@@ -18,7 +18,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from .question import Fusion
+from .question import Fusion, chunk_ids
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ class Candidates:
     ids: torch.Tensor | None = None
     question_ids: torch.Tensor | None = None
     first_alone: bool = False
+
+    def chunks(self) -> torch.Tensor:
+        """[n] long: each candidate's chunk, 0, 1, ... in prompt order (``question.chunk_ids``)."""
+        return chunk_ids(torch.ones_like(self.chunk_offsets, dtype=torch.bool), self.chunk_offsets)
 
 
 class Selector(Protocol):
