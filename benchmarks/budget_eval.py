@@ -95,7 +95,8 @@ def stage1(engine, req: dict, first15) -> dict:
     layer, and over the last third) and KL between the 15% blend's and full reuse's first token."""
     import torch
 
-    from cacheblend.blending.blend import _blend, _Check
+    from cacheblend.blending.blend import _blend
+    from cacheblend.blending.check import Check
     from cacheblend.blending.budget import chunk_spread
     from cacheblend.blending.question import Fusion, QuestionScore, chunk_ids
     from cacheblend.blending.selection import NoneSelector
@@ -106,7 +107,7 @@ def stage1(engine, req: dict, first15) -> dict:
     lookup = engine.kv.records  # the record lookup a prefill makes
     asm = assemble(request.text, request.encoding, chunks, list(lookup([c.ids for c in chunks])), engine.adapter.device)
     inp = asm.input
-    asking = _Check.of(inp, NoneSelector()).asking
+    asking = Check.of(inp, NoneSelector()).asking
     out, ids = {}, chunk_ids(inp.reused, inp.chunk_offsets)
     for layers, tail in (("all", ""), ("last_third", "_last3")):
         score = QuestionScore(engine.adapter, asking, Fusion(layers))

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .blending.head import DEFAULT_BYTES, HeadCache
 from .blending.selection import Selector
 from .chunk_kv import ChunkKV
 from .config import BlendConfig
@@ -37,7 +38,9 @@ class BlendEngine:
     """One model, its chunk KV (``self.kv``), and blended generation over it.
 
     ``warm_on_miss``: a chunk a prefill finds in no tier is warmed afterwards on a background
-    thread while no generation runs (``cacheblend.warm_on_miss``), so the next prompt holding it hits."""
+    thread while no generation runs (``cacheblend.warm_on_miss``), so the next prompt holding it hits.
+    ``head_bytes``: what the head cache keeps of prompt heads' exact K/V (the tokens before the
+    first chunk, computed once per head: ``blending/head.py``); 0 turns it off."""
 
     def __init__(
         self,
@@ -49,12 +52,13 @@ class BlendEngine:
         memory_bytes: int = 2 << 30,
         name: str | None = None,
         warm_on_miss: bool = False,
+        head_bytes: int = DEFAULT_BYTES,
     ) -> None:
         config = config or BlendConfig()
         self.adapter, self.tokenizer = adapt(model), tokenizer
         self.name = name or str(getattr(model.config, "_name_or_path", "") or model.config.model_type)
         self.kv = kv = ChunkKV(self.adapter, tokenizer, config, memory_bytes)  # fingerprint, tiers, finder, warmer
-        self.prefiller = Prefiller(self.adapter, kv.encode, kv.records, config, selector)
+        self.prefiller = Prefiller(self.adapter, kv.encode, kv.records, config, selector, HeadCache(head_bytes))
         self.eos_ids = eos_ids(model, tokenizer)
         self.requests = RequestBuilder(tokenizer, kv.finder, self.context_window, kv.lock)
         if warm_on_miss:

@@ -8,8 +8,9 @@ takes one request:
 
 1. the chunk spans' own encodings (``prompts.assemble.chunk_encodings``), skipped for a full prefill;
 2. their records, in one call (one round trip per tier; which record each chunk reads: ``_records``);
-3. ``assemble`` (pure: ids + cached rows), then ``blend_prefill`` (the algorithm, in
-   ``blending/blend.py``);
+3. ``assemble`` (pure: ids + cached rows), the prompt's head from the ``HeadCache`` (the exact
+   K/V of the rows before the first chunk, computed once per head: ``blending/head.py``), then
+   ``blend_prefill`` (the algorithm, in ``blending/blend.py``);
 4. the statistics, and the texts of the chunks that missed (``Prefilled.missed``: what warm on
    miss warms later); with the doubt gate (``BlendConfig.doubt_margin``), how to prefill the
    request again at its ratio (``Prefilled.doubt``: decoding calls it when in doubt).
@@ -25,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .blending.blend import blend_prefill
+from .blending.head import HeadCache
 from .blending.lexical import named_before_blend
 from .blending.selection import Selector
 from .blending.selectors import make_selector
@@ -50,10 +52,12 @@ class Prefiller:
         records: Records,
         config: BlendConfig,
         selector: Selector | None = None,
+        heads: HeadCache | None = None,
     ) -> None:
         config.check_model_layers(adapter.num_layers)
         self.adapter, self.encode_chunk, self.records = adapter, encode_chunk, records
         self.config, self.selector = config, selector
+        self.heads = heads if heads is not None else HeadCache()
 
     def run(
         self, request: Request, ratio: float | None = None, config: BlendConfig | None = None, started: float | None = None
@@ -76,11 +80,13 @@ class Prefiller:
         asm.load_s += lookup_s  # reading the records, then gathering them (assemble's part)
         selector = self.selector if self.selector is not None else make_selector(cfg)
         t = time.perf_counter()
+        asm.input = self.heads.with_head(self.adapter, asm.input, request.head_tokens)  # computed the first time
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
         chosen = out.ratio if out.ratio is not None else cfg.recompute_ratio  # an auto budget reports its pick
         stats = asm.stats(out.recomputed, 1.0 if full else chosen)
         stats.budget_signal = out.budget_signal
         stats.first_stage_tokens = out.first_stage_rows
+        stats.head_tokens = asm.input.head
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started
         missed = [span.text for span, rec in zip(request.text.chunks, records) if rec is None]

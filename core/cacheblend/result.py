@@ -13,6 +13,9 @@ class BlendStats:
     recomputed_tokens: prompt tokens computed through the last layer (every uncached token plus
         the selected reused ones). reused + recomputed == prompt_tokens.
     hit_tokens: prompt tokens covered by chunk hits (before selection).
+    head_tokens: the prompt's head, the tokens before its first reused chunk token, whose exact K/V
+        came from the head cache (computed once per head: ``blending/head.py``); reused, never
+        recomputed past the first check layer. 0 when nothing is reused.
     first_stage_tokens: rows a two-stage selector's first pass (``selector="question"``) computed
         through every layer before choosing what to recompute (0 for one-pass selectors).
     recompute_ratio: the share of reused tokens recomputed that the blend used (with
@@ -34,6 +37,7 @@ class BlendStats:
     hit_tokens: int = 0
     chunk_hits: int = 0
     chunk_misses: int = 0
+    head_tokens: int = 0
     first_stage_tokens: int = 0
     completion_tokens: int = 0
     recompute_ratio: float = 1.0

@@ -119,7 +119,7 @@ def recording() -> Iterator[list[dict[str, float]]]:
 
 def resolve(spec: float | AutoRatio, at, check, rows) -> tuple[float, float | None]:
     """The ratio to use at this check layer, and the signal value it came from (None when fixed).
-    ``at``, ``check``, ``rows``: blend.py's ``_CheckLayer``, ``_Check`` and ``_Rows``."""
+    ``at``, ``check``, ``rows``: check.py's ``CheckLayer`` and ``Check``, rows.py's ``Rows``."""
     if not isinstance(spec, AutoRatio):
         return float(spec), None
     view = _view(at, check, rows)

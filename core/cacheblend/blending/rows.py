@@ -8,10 +8,13 @@ their last row (and no further back than the layer's sliding window). The adapte
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..models.adapter import ModelAdapter
 from ..models.kernels import prefix_split, stack_heads
+from .rope import RopeTables
 
 _GROUPS = 8  # query groups for partial-row attention (measured: 8 is fastest at 3k tokens, 15%)
 _GROUP_MIN_ROWS = 64
@@ -83,3 +86,20 @@ def attend_rows(model: ModelAdapter, layer: int, q: torch.Tensor, k: torch.Tenso
         for (a, b, lo, mid, hi), mask in zip(plan.groups(window, split), plan.masks(window, q.dtype, split, stack))
     ]
     return torch.cat(parts, dim=1).reshape(q.shape[0], q.shape[2], -1)
+
+
+@dataclass
+class Rows:
+    """The rows still computed: positions ``active`` [n] (sorted), their RoPE tables [n, d] per
+    rotary geometry, and the attention plan every layer uses until the next check layer."""
+
+    active: torch.Tensor
+    rope: RopeTables
+    plan: RowPlan
+
+    @classmethod
+    def at(cls, active: torch.Tensor, tables: RopeTables) -> Rows:  # tables: the prompt's whole [N, d]
+        return cls(active, tables.rows(active), RowPlan(active, tables.cos[0].shape[0]))
+
+    def take(self, pick: torch.Tensor, tables: RopeTables) -> Rows:  # pick: indices into active
+        return Rows.at(self.active[pick], tables)

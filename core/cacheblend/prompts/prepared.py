@@ -33,6 +33,19 @@ class Request:
     def ids(self) -> list[int]:
         return self.encoding.ids
 
+    @property
+    def head_tokens(self) -> int:
+        """Its leading tokens that end before its first chunk starts (all of them without chunks):
+        the template, system message and instructions, the same across requests of one application
+        (what ``blending/head.py`` computes once)."""
+        start = self.text.chunks[0].start if self.text.chunks else len(self.text.text)
+        count = 0
+        for _, end in self.encoding.offsets:
+            if end > start:
+                break
+            count += 1
+        return count
+
     @classmethod
     def fitted(cls, text: PromptText, encoding: Encoding, window: int) -> Request:
         """The request, or ContextLengthError when its ids leave no room for a new token."""
