@@ -47,7 +47,7 @@ class BlendOutput:
     recomputed: tokens computed through the last layer; active_rows: per layer, the positions [n]
     of the rows computed (at a check layer, those kept: ``tools/cost.py`` counts the work from them).
     A two-stage blend also reports its first stage (zeros and [] otherwise): first_stage_rows, the
-    rows stage 1 computed through the last layer (the uncached rows and the last row);
+    rows stage 1 computed through the last layer (the uncached rows but the head's, and the last row);
     first_stage_active, its active_rows; question_rows, the rows whose attention over all N
     keys it scored at each of question_layers (the layers the selector fuses). With an auto budget
     (``AutoRatio`` in the schedule, ``budget.py``): ratio, the one it chose, and budget_signal, the
@@ -151,8 +151,8 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
 
 def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
                fresh_check: bool) -> BlendOutput:
-    """Stage 1: the full-reuse pass (the uncached rows and the last row, from layer 0, over the
-    realigned cached K/V), scoring the question rows' attention at the selector's layers. Stage 2:
+    """Stage 1: the full-reuse pass (the uncached rows but the head's, and the last row, from layer
+    0, over the realigned cached K/V), scoring the question rows' attention at the selector's layers. Stage 2:
     from layer 0 again, over stage 1's caches, the uncached rows, the last row and the selector's
     ``budget_for(ratio, reused)`` reused tokens by the fused score, at every layer; or, with
     ``at_check_layers`` (``QuestionDeviationSelector``), the one-pass blend of ``schedule``. At a
