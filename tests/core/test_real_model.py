@@ -138,7 +138,9 @@ def test_prompt_path_finds_chunks_in_a_foreign_template(fresh_real_engine, pydoc
     assert (s.chunk_hits, s.chunk_misses) == (2, 0)
     n_chunk = engine.count_tokens(a) + engine.count_tokens(b)
     assert s.hit_tokens == n_chunk  # every chunk token found, none lost to the template around it
-    assert s.reused_tokens == n_chunk - budget_for(engine.config.recompute_ratio, n_chunk)  # all but the 15% picked
+    # all but the 15% picked, and the template's head before the first chunk (read exactly: blending/head.py)
+    assert s.reused_tokens == n_chunk - budget_for(engine.config.recompute_ratio, n_chunk) + s.head_tokens
+    assert 0 < s.head_tokens < s.prompt_tokens - n_chunk
     full = engine.generate(prompt, max_new_tokens=8, recompute_ratio=1.0)
     assert full.stats.reused_tokens == 0 and full.stats.prompt_tokens == s.prompt_tokens
 
@@ -146,8 +148,8 @@ def test_prompt_path_finds_chunks_in_a_foreign_template(fresh_real_engine, pydoc
 def test_blend_computes_only_the_selected_rows_past_the_check_layer(fresh_real_engine, pydoc_chunks):
     """What makes a blend's TTFT lower than a full prefill's (timings are benchmarks'): on a long
     prompt, every row is computed up to the check layer, and from there on only the uncached
-    tokens plus the 15% of cached tokens the selector picks; a full prefill computes every row of
-    every layer."""
+    tokens but the prompt's head (its exact K/V are read: blending/head.py) plus the 15% of cached
+    tokens the selector picks; a full prefill computes every row of every layer."""
     engine = fresh_real_engine()
     engine.warm(pydoc_chunks)
     req = dict(chunks=pydoc_chunks, query="What is this about?")
@@ -155,7 +157,8 @@ def test_blend_computes_only_the_selected_rows_past_the_check_layer(fresh_real_e
     s, n = blend.stats, blend.stats.prompt_tokens
     assert s.chunk_hits == 4 and s.hit_tokens > 0.9 * n  # a long prompt, almost all of it cached
     (check,) = engine.config.check_layers
-    selected = (n - s.hit_tokens) + budget_for(engine.config.recompute_ratio, s.hit_tokens)
+    assert s.head_tokens > 0
+    selected = (n - s.hit_tokens - s.head_tokens) + budget_for(engine.config.recompute_ratio, s.hit_tokens)
     rows = blend.output.active_per_layer
     assert rows[:check] == [n] * check and rows[check:] == [selected] * (len(rows) - check)
     assert s.recomputed_tokens == selected and s.reused_tokens == n - selected
