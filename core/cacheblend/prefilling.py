@@ -80,13 +80,14 @@ class Prefiller:
         asm.load_s += lookup_s  # reading the records, then gathering them (assemble's part)
         selector = self.selector if self.selector is not None else make_selector(cfg)
         t = time.perf_counter()
-        asm.input = self.heads.with_head(self.adapter, asm.input, request.head_tokens)  # computed the first time
+        limit = 0 if full or not request.text.chunks else request.head_tokens
+        asm.input, read = self.heads.with_head(self.adapter, asm.input, limit)  # computed the first time
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
         chosen = out.ratio if out.ratio is not None else cfg.recompute_ratio  # an auto budget reports its pick
-        stats = asm.stats(out.recomputed, 1.0 if full else chosen)
+        stats = asm.stats(out.recomputed + (0 if read else asm.input.head), 1.0 if full else chosen)
         stats.budget_signal = out.budget_signal
         stats.first_stage_tokens = out.first_stage_rows
-        stats.head_tokens = asm.input.head
+        stats.head_tokens = asm.input.head if read else 0  # a head computed for this request counts as computed
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started
         missed = [span.text for span, rec in zip(request.text.chunks, records) if rec is None]

@@ -13,9 +13,10 @@ class BlendStats:
     recomputed_tokens: prompt tokens computed through the last layer (every uncached token plus
         the selected reused ones). reused + recomputed == prompt_tokens.
     hit_tokens: prompt tokens covered by chunk hits (before selection).
-    head_tokens: the prompt's head, the tokens before its first reused chunk token, whose exact K/V
-        came from the head cache (computed once per head: ``blending/head.py``); reused, never
-        recomputed past the first check layer. 0 when nothing is reused.
+    head_tokens: the prompt's head, its tokens before its first chunk, whose exact K/V came from the
+        head cache (computed once per head: ``blending/head.py``): part of reused_tokens, never
+        computed past the first check layer. 0 for a full prefill, a prompt without chunks, or the
+        first request of a head (computed for it: counted in recomputed_tokens).
     first_stage_tokens: rows a two-stage selector's first pass (``selector="question"``) computed
         through every layer before choosing what to recompute (0 for one-pass selectors).
     recompute_ratio: the share of reused tokens recomputed that the blend used (with

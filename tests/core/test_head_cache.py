@@ -26,9 +26,9 @@ def test_ratio_one_with_the_head_is_a_full_prefill_that_skips_the_head(make_engi
     engine = make_engine(family)
     engine.warm(CHUNKS)
     asm = assembled(engine, request(engine, (2, 0, 1)))
-    inp = HeadCache().with_head(engine.adapter, asm.input, asm.input.ids.shape[0])
+    inp, read = HeadCache().with_head(engine.adapter, asm.input, asm.input.ids.shape[0])
     head = head_of(asm.input)
-    assert inp.head == head > 0
+    assert inp.head == head > 0 and not read  # a new cache computes it
     out = blend_prefill(engine.adapter, inp, DeviationSelector("v"), {1: 1.0})
     n = inp.ids.shape[0]
     assert out.recomputed == n - head  # every row but the head's
@@ -58,7 +58,7 @@ def test_the_head_changes_no_blend(make_engine, family, method):
     engine = make_engine(family)
     engine.warm(CHUNKS)
     asm = assembled(engine, request(engine, (1, 2, 0)))
-    with_head = HeadCache().with_head(engine.adapter, asm.input, asm.input.ids.shape[0])
+    with_head, _ = HeadCache().with_head(engine.adapter, asm.input, asm.input.ids.shape[0])
     selector, schedule = {
         "reuse": (NoneSelector(), {1: 0.0}),
         "deviation 15%": (DeviationSelector("v"), {1: 0.15}),
@@ -80,44 +80,61 @@ def test_engine_computes_each_head_once_and_reports_it(tokenizer):
     off = BlendEngine(engine.adapter.model, tokenizer, config=engine.config, head_bytes=0)
     engine.warm(CHUNKS)
     off.warm(CHUNKS)
-    first = engine.prefill(chunks=CHUNKS, query=QUESTION)
-    second = engine.prefill(chunks=CHUNKS[::-1], query=QUESTION)
-    heads = engine.prefiller.heads
-    assert (heads.misses, heads.hits) == (1, 1)
-    head = first.stats.head_tokens
-    assert head > 0 and second.stats.head_tokens == head
-    assert first.stats.reused_tokens + first.stats.recomputed_tokens == first.stats.prompt_tokens
-    other = engine.prefill(chunks=CHUNKS, query=QUESTION, prefix="Answer in one word.")
-    assert other.stats.head_tokens not in (0, head) and heads.misses == 2  # another system message: another head
     plain = off.prefill(chunks=CHUNKS, query=QUESTION)
     assert plain.stats.head_tokens == 0 and off.prefiller.heads.bytes == 0
-    assert first.stats.recomputed_tokens == plain.stats.recomputed_tokens - head
-    torch.testing.assert_close(first.output.logits, plain.output.logits, atol=TOL, rtol=TOL)
+    first = engine.prefill(chunks=CHUNKS, query=QUESTION)  # the head computed for it: counted as computed
+    assert first.stats.head_tokens == 0 and first.stats.recomputed_tokens == plain.stats.recomputed_tokens
+    second = engine.prefill(chunks=CHUNKS, query=QUESTION)
+    heads = engine.prefiller.heads
+    assert (heads.misses, heads.hits) == (1, 1)
+    head = second.stats.head_tokens
+    assert head == engine.request(chunks=CHUNKS, query=QUESTION).head_tokens > 0
+    assert second.stats.recomputed_tokens == plain.stats.recomputed_tokens - head
+    assert second.stats.reused_tokens + second.stats.recomputed_tokens == second.stats.prompt_tokens
+    for pre in (first, second):
+        torch.testing.assert_close(pre.output.logits, plain.output.logits, atol=TOL, rtol=TOL)
+    other = engine.prefill(chunks=CHUNKS, query=QUESTION, prefix="Answer in one word.")
+    assert other.stats.head_tokens == 0 and heads.misses == 2  # another system message: another head
     full = engine.prefill(chunks=CHUNKS, query=QUESTION, recompute_ratio=1.0)
     assert full.stats.head_tokens == 0 and full.stats.reused_tokens == 0  # a full prefill reads nothing
-    missed = engine.prefill(chunks=["A passage nobody warmed, about tides and ropes."], query=QUESTION)
-    assert missed.stats.head_tokens == 0  # nothing reused: no head either
-    later = engine.prefill(chunks=["A passage nobody warmed, about tides and ropes.", *CHUNKS], query=QUESTION)
-    assert later.stats.head_tokens == head and heads.hits == 2  # a first chunk that missed is not in the head
+    later = engine.prefill(chunks=["A passage nobody warmed, about tides and ropes.", *CHUNKS[1:]], query=QUESTION)
+    assert later.stats.head_tokens == head  # a first chunk that missed is not in the head
+    loose = engine.generate("No warmed passage here, only a question: why?", max_new_tokens=1)
+    assert loose.stats.head_tokens == 0 and loose.stats.reused_tokens == 0  # no chunk in it: no head
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prompt_whose_chunks_all_missed_reads_its_head_and_equals_a_full_prefill(make_engine, family):
+    """Prefix caching under the blend: nothing reused, the head read, every other row computed."""
+    engine = make_engine(family)
+    engine.warm([CHUNKS[0]])  # the head's first request
+    engine.prefill(chunks=[CHUNKS[0]], query=QUESTION)
+    pre = engine.prefill(chunks=CHUNKS[1:], query=QUESTION)
+    s, n = pre.stats, pre.stats.prompt_tokens
+    assert (s.chunk_hits, s.chunk_misses, s.hit_tokens) == (0, 2, 0)
+    assert s.head_tokens == s.reused_tokens > 0 and s.recomputed_tokens == n - s.head_tokens
+    assert pre.output.active_per_layer == [n - s.head_tokens] * engine.adapter.num_layers
+    logits, kv = hf_reference(engine, pre.ids)
+    torch.testing.assert_close(pre.output.logits, logits, atol=TOL, rtol=TOL)
+    assert_kv_near(pre.output.kv, kv, 2 * TOL)
 
 
 def test_the_cache_keeps_the_most_recent_heads_within_its_bytes(make_engine):
     engine = make_engine("llama")
     model = engine.adapter
     a, b, c = (torch.tensor(ids) for ids in ([1, 5, 9, 2], [1, 5, 9, 3], [1, 7, 7, 7]))
-    size = HeadCache().kv(model, a).numel() * 4  # fp32
+    size = HeadCache().kv(model, a)[0].numel() * 4  # fp32
     cache = HeadCache(max_bytes=2 * size)
-    kv_a = cache.kv(model, a)
-    cache.kv(model, b)
-    assert cache.kv(model, a) is kv_a and cache.hits == 1  # a hit returns the kept tensor
+    kv_a, hit = cache.kv(model, a)
+    assert not hit and cache.kv(model, b)[1] is False
+    assert cache.kv(model, a) == (kv_a, True) and cache.hits == 1  # a hit returns the kept tensor
     cache.kv(model, c)  # evicts b, the least recently used
     assert cache.bytes == 2 * size
-    assert cache.kv(model, a) is kv_a and cache.hits == 2
-    cache.kv(model, b)
-    assert cache.misses == 4  # a, b, c, then b again
+    assert cache.kv(model, a)[0] is kv_a and cache.hits == 2
+    assert cache.kv(model, b)[1] is False and cache.misses == 4  # a, b, c, then b again
     small = HeadCache(max_bytes=size - 1)
-    kv = small.kv(model, a)  # larger than the budget: used, not kept
-    assert kv.shape[3] == 4 and small.bytes == 0
+    kv, hit = small.kv(model, a)  # larger than the budget: used, not kept
+    assert kv.shape[3] == 4 and small.bytes == 0 and not hit and not small.kv(model, a)[1]
     torch.testing.assert_close(kv, kv_a)
     with pytest.raises(ValueError, match="max_bytes"):
         HeadCache(max_bytes=-1)

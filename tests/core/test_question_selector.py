@@ -280,6 +280,7 @@ def test_gradual_schedule_uses_its_last_ratio(make_engine):
 def test_engine_prefill_with_the_question_selector(make_engine):
     engine = make_engine("llama", selector="question", question_layers="last_third", question_heads="max")
     engine.warm(CHUNKS)
+    engine.prefill(chunks=CHUNKS, query="Question: what colour was the ink? Answer:")  # computes the head
     pre = engine.prefill(chunks=CHUNKS, query="Question: what colour was the ink? Answer:")
     assert pre.stats.chunk_hits == 3
     stats = pre.stats

@@ -133,6 +133,7 @@ def test_prompt_path_finds_chunks_in_a_foreign_template(fresh_real_engine, pydoc
         [{"role": "system", "content": f"Use these documents:\n---\n{b}\n---\n{a}\n---"},
          {"role": "user", "content": "What are they about?"}]
     )
+    assert engine.generate(prompt, max_new_tokens=8).stats.head_tokens == 0  # its head computed: the first
     out = engine.generate(prompt, max_new_tokens=8)
     s = out.stats
     assert (s.chunk_hits, s.chunk_misses) == (2, 0)
@@ -153,6 +154,7 @@ def test_blend_computes_only_the_selected_rows_past_the_check_layer(fresh_real_e
     engine = fresh_real_engine()
     engine.warm(pydoc_chunks)
     req = dict(chunks=pydoc_chunks, query="What is this about?")
+    engine.prefill(**req)  # the first request of its head computes it
     blend, full = engine.prefill(**req), engine.prefill(**req, recompute_ratio=1.0)
     s, n = blend.stats, blend.stats.prompt_tokens
     assert s.chunk_hits == 4 and s.hit_tokens > 0.9 * n  # a long prompt, almost all of it cached

@@ -87,6 +87,8 @@ def blend_prefill(model: ModelAdapter, inp: BlendInput, selector: Selector, sche
     this prompt (``LexicalQuestionSelector``), runs the two-stage blend (the module docstring,
     ``_two_stage``): ``schedule``'s last ratio is its recompute ratio, its check layers and
     ``fresh_check`` play no part (unless the selector sets ``at_check_layers``)."""
+    if inp.head and not bool(inp.reused.any()):  # no chunk reused: only the head is read (prefix caching)
+        return _blend(model, inp, NoneSelector(), {0: 0.0})
     staged = getattr(selector, "stage_one_for", None)
     if getattr(selector, "two_stage", False) or (staged and staged(
             inp.ids, inp.reused, inp.chunk_offsets, Check.of(inp, selector).asking, inp.first_alone)):
@@ -105,10 +107,12 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
     pos = torch.arange(n, device=inp.ids.device)  # [N]
     tables = RopeTables.at(model, pos)  # per rotary geometry: cos, sin [N, d]
     check = Check.of(inp, selector, question_score)
-    if inp.cached is None or check.num_reused == 0:
+    if not inp.head and (inp.cached is None or check.num_reused == 0):
         schedule = {}
     first_check = min(schedule, default=model.num_layers)
-    feed = LayerFeed(inp.cached, inp.ids.device, first_check) if schedule and base is None else None  # copies start now
+    feed = None  # copies start now
+    if schedule and base is None and inp.cached is not None:
+        feed = LayerFeed(inp.cached, inp.ids.device, first_check)
     rows = Rows.at(pos, tables)
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -121,8 +125,11 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
             keys, values = apply_rope(k, cos, sin), v  # [1,Hkv,N,d]: full prefill, every row fresh
         else:
             if base is None:
-                cached = feed.layer(layer)  # [2,Hkv,N,d] store dtype, keys before RoPE; read-only
-                layer_kv = realign(cached, cos, sin, k.dtype)  # [2,Hkv,N,d]: this layer's decode cache
+                if feed is None:  # nothing reused, only a head: its rows, the rest computed
+                    cached, layer_kv = None, k.new_zeros((2, k.shape[1], n, k.shape[3]))
+                else:
+                    cached = feed.layer(layer)  # [2,Hkv,N,d] store dtype, keys before RoPE; read-only
+                    layer_kv = realign(cached, cos, sin, k.dtype)  # [2,Hkv,N,d]: this layer's decode cache
                 if inp.head_kv is not None:  # the head's exact K/V
                     layer_kv[:, :, : inp.head] = inp.head_kv[layer]
             else:  # an earlier pass's cache: the cached K/V realigned, that pass's rows written

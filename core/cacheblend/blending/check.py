@@ -70,6 +70,8 @@ class Check:
         n = rows.active.shape[0]
         always = self.keep_always[rows.active]  # [n] bool
         head = self.inp.head if n == self.keep_always.shape[0] else 0  # the head's rows: active until the first pick
+        if n - self.num_always - head == 0:  # no candidate (only a head was read)
+            return true_indices(always, self.num_always)
         cand = true_indices(~always & (rows.active >= head), n - self.num_always - head)  # into active: reusable rows
         tokens = rows.active[cand]
         needs = bool(getattr(self.selector, "needs_query", False))

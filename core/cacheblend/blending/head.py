@@ -6,9 +6,11 @@ their ids alone and a full prefill computes the same values on every request (pr
 premise). ``HeadCache`` keeps them per head (keyed by its ids), computed the first time a head is
 seen (a forward of those ids alone, in the compute dtype) and kept by recency within a byte budget;
 ``with_head`` gives a ``BlendInput`` its head, which the blend reads and never computes past its
-first check layer (``blend.py``). Only a prompt that reuses some chunk gets one (a prompt that
-reuses none is a full prefill). Its head is its tokens before its first chunk (``Request.head_tokens``),
-never past the first reused row: a first chunk that missed is not part of the head's key.
+first check layer (``blend.py``). A prompt whose chunks all missed reads its head and computes
+the rest (prefix caching); a prompt without chunks, or a full prefill, has none. Its head is its
+tokens before its first chunk (``Request.head_tokens``), never past the first reused row (a first
+chunk that missed is not part of the head's key) nor the last row. A head computed for a request
+(a miss) counts as computed in its statistics; only one read from the cache counts as reused.
 """
 
 from __future__ import annotations
@@ -38,28 +40,31 @@ class HeadCache:
         self._kv: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self._lock = threading.Lock()
 
-    def with_head(self, model: ModelAdapter, inp: BlendInput, limit: int) -> BlendInput:
-        """``inp`` with ``head_kv`` set to the K/V of its first ``limit`` rows, or of its rows before
-        the first reused one if fewer; ``inp`` itself when the cache is off or nothing is reused."""
-        if self.max_bytes == 0 or inp.cached is None or not bool(inp.reused.any()):
-            return inp
-        head = min(limit, int(inp.reused.to(torch.uint8).argmax()))  # argmax: the first reused row
+    def with_head(self, model: ModelAdapter, inp: BlendInput, limit: int) -> tuple[BlendInput, bool]:
+        """``inp`` with ``head_kv`` set to the K/V of its first ``limit`` rows (fewer if a reused row
+        or the last row comes first), and whether they came from the cache (False: computed now,
+        or no head: ``inp`` itself when the cache is off or ``limit`` is 0)."""
+        if self.max_bytes == 0 or limit <= 0:
+            return inp, False
+        first_reused = int(inp.reused.to(torch.uint8).argmax()) if bool(inp.reused.any()) else limit
+        head = min(limit, first_reused, inp.ids.shape[0] - 1)  # the last row is computed: its logits
         if head <= 0:
-            return inp
-        return replace(inp, head_kv=self.kv(model, inp.ids[:head]))
+            return inp, False
+        kv, hit = self.kv(model, inp.ids[:head])
+        return replace(inp, head_kv=kv), hit
 
-    def kv(self, model: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
+    def kv(self, model: ModelAdapter, ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """[layers, 2, kv_heads, H, head_dim]: K (rotated, at positions 0..H-1) and V of ``ids`` [H],
-        computed alone, in the compute dtype; from the cache when it holds them."""
+        computed alone, in the compute dtype; and whether the cache held them."""
         key = tuple(ids.tolist())
         with self._lock:
             kv = self._kv.get(key)
             if kv is not None:
                 self._kv.move_to_end(key)
                 self.hits += 1
-                return kv
+                return kv, True
             self.misses += 1
-        kv = _forward(model, ids)
+        kv = head_forward(model, ids)
         size = kv.numel() * kv.element_size()
         with self._lock:
             if size <= self.max_bytes and key not in self._kv:
@@ -68,7 +73,7 @@ class HeadCache:
                 while self.bytes > self.max_bytes:
                     _, old = self._kv.popitem(last=False)
                     self.bytes -= old.numel() * old.element_size()
-        return kv
+        return kv, False
 
     def clear(self) -> None:
         with self._lock:
@@ -76,9 +81,10 @@ class HeadCache:
             self.bytes = 0
 
 
-def _forward(model: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
-    """The head's K/V from a full prefill of its ids alone, through the blend's own loop (the
-    kernels that compute those rows in a full prefill of a whole prompt)."""
+def head_forward(model: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
+    """The head's K/V [layers, 2, kv_heads, H, head_dim] (K rotated) from a full prefill of its ids
+    [H] alone, through the blend's own loop (the kernels that compute those rows in a full prefill
+    of a whole prompt)."""
     alone = BlendInput(ids, torch.zeros_like(ids, dtype=torch.bool), None, torch.zeros_like(ids))
     out = blend_prefill(model, alone, NoneSelector(), {})
     return torch.stack([torch.stack([k[0], v[0]]) for k, v in out.kv])

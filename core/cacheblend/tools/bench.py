@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..blending.blend import BlendInput, blend_prefill
-from ..blending.warm_forward import forward_chunks
+from ..blending.head import head_forward
 from ..blending.selection import NoneSelector
 from ..engine import BlendEngine
 from ..generation.decode import Prefilled
@@ -121,23 +121,20 @@ class PrefixCache:
     """The prefix-caching baseline: the KV of the prompt's common leading tokens (the chat
     template's header before the first chunk) is computed once; each request computes every
     other token at every layer. It runs through the same kernels as the other methods (the
-    blend loop with the prefix as its only, never recomputed, cached rows), so the comparison is
-    between algorithms, not attention implementations."""
+    blend loop with the prefix as its head, ``blending/head.py``, and nothing reused), so the
+    comparison is between algorithms, not attention implementations."""
 
     def __init__(self, engine: BlendEngine, prefix_ids: list[int]) -> None:
         self.engine, self.prefix_ids = engine, prefix_ids
-        ids = torch.tensor([prefix_ids], device=engine.adapter.device)
-        self.kv = forward_chunks(engine.adapter, ids, torch.ones_like(ids, dtype=torch.bool), 0)[0]
+        self.kv = head_forward(engine.adapter, torch.tensor(prefix_ids, device=engine.adapter.device))
 
     def prefill(self, ids: list[int]) -> Prefilled:
         assert ids[: len(self.prefix_ids)] == self.prefix_ids, "prompt does not start with the cached prefix"
         started = time.perf_counter()
-        n, n0, layers, _, heads, _, dim = len(ids), len(self.prefix_ids), *self.kv.shape
-        cached = self.kv.new_zeros((layers, 2, heads, n, dim))
-        cached[:, :, :, :n0] = self.kv
+        n, n0 = len(ids), len(self.prefix_ids)
         ids_t = torch.tensor(ids, device=self.kv.device)
-        reused = torch.arange(n, device=ids_t.device) < n0
-        inp = BlendInput(ids=ids_t, reused=reused, cached=cached, chunk_offsets=torch.zeros_like(ids_t))
+        none = torch.zeros_like(ids_t, dtype=torch.bool)
+        inp = BlendInput(ids=ids_t, reused=none, cached=None, chunk_offsets=torch.zeros_like(ids_t), head_kv=self.kv)
         out = blend_prefill(self.engine.adapter, inp, NoneSelector(), {0: 0.0})
         stats = BlendStats(prompt_tokens=n, reused_tokens=n0, recomputed_tokens=n - n0, recompute_ratio=1.0)
         stats.prefill_s = time.perf_counter() - started
