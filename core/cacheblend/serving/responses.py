@@ -1,8 +1,9 @@
 """OpenAI response bodies and SSE chunks for chat and text completions.
 
 ``usage.prompt_tokens_details.cached_tokens`` is the number of prompt tokens whose KV came from
-cached chunks and was not recomputed (``BlendStats.reused_tokens``): the field LangChain reports as
-``cache_read``. The ``cacheblend`` usage extension adds chunk hits and misses.
+cached chunks, or from the prompt's cached head, and was not recomputed (``BlendStats.reused_tokens``):
+the field LangChain reports as ``cache_read``. The ``cacheblend`` usage extension adds chunk hits and
+misses and the head's tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def usage(stats: BlendStats) -> dict:
             "chunk_misses": stats.chunk_misses,
             "recomputed_tokens": stats.recomputed_tokens,
             "chunk_tokens": stats.hit_tokens,
+            "head_tokens": stats.head_tokens,  # the prompt's head read from the head cache (part of cached_tokens)
             "recompute_ratio": stats.recompute_ratio,  # with "auto": the ratio chosen for this request
             "budget_signal": stats.budget_signal,  # ... and the signal that chose it (None otherwise)
         },
