@@ -76,23 +76,26 @@ def main(argv: list[str] | None = None) -> None:
         heads.max_bytes = budget
         read, computed = runs["read"][-1], runs["computed"][-1]
         ttft = {k: statistics.median(p.stats.ttft_s for p in v[1:]) for k, v in runs.items()}
-        rows.append({"prompt_tokens": read.stats.prompt_tokens, "head_tokens": read.stats.head_tokens,
-                     "recomputed_tokens": {"read": read.stats.recomputed_tokens, "computed": computed.stats.recomputed_tokens},
-                     "rows": {"read": rows_computed(read.output), "computed": rows_computed(computed.output)},
-                     "first_stage": read.stats.first_stage_tokens > 0, "ttft_s": ttft,
-                     "ratio": ttft["computed"] / ttft["read"],
-                     "max_logit_diff": float((read.output.logits - computed.output.logits).abs().max())})
+        rows.append({
+            "prompt_tokens": read.stats.prompt_tokens, "head_tokens": read.stats.head_tokens,
+            "recomputed_tokens": {"read": read.stats.recomputed_tokens, "computed": computed.stats.recomputed_tokens},
+            "rows": {"read": rows_computed(read.output), "computed": rows_computed(computed.output)},
+            "first_stage": read.stats.first_stage_tokens > 0, "ttft_s": ttft, "ratio": ttft["computed"] / ttft["read"],
+            "max_logit_diff": float((read.output.logits - computed.output.logits).abs().max())})
         r = rows[-1]
-        print(f"{r['prompt_tokens']} tokens, head {r['head_tokens']}: rows {r['rows']['computed']} -> {r['rows']['read']}, "
-              f"TTFT {ttft['computed']:.3f} -> {ttft['read']:.3f} s ({r['ratio']:.3f}x), max logit diff {r['max_logit_diff']:.1e}")
+        print(f"{r['prompt_tokens']} tokens, head {r['head_tokens']}: rows {r['rows']['computed']} -> "
+              f"{r['rows']['read']}, TTFT {ttft['computed']:.3f} -> {ttft['read']:.3f} s ({r['ratio']:.3f}x), "
+              f"max logit diff {r['max_logit_diff']:.1e}")
     summary = {"median_ratio": statistics.median(r["ratio"] for r in rows),
                "median_rows_share": statistics.median(r["rows"]["read"] / r["rows"]["computed"] for r in rows),
                "median_head_tokens": statistics.median(r["head_tokens"] for r in rows),
                "max_logit_diff": max(r["max_logit_diff"] for r in rows)}
-    print(f"{len(rows)} prompts: head {summary['median_head_tokens']:.0f} tokens, rows computed x{summary['median_rows_share']:.3f}, "
-          f"TTFT computed / read {summary['median_ratio']:.3f}x (median), max logit diff {summary['max_logit_diff']:.1e}")
+    print(f"{len(rows)} prompts: head {summary['median_head_tokens']:.0f} tokens, rows computed "
+          f"x{summary['median_rows_share']:.3f}, TTFT computed / read {summary['median_ratio']:.3f}x (median), "
+          f"max logit diff {summary['max_logit_diff']:.1e}")
     record.write(args.run_file, {"model": args.model, "config": repr(engine.config), "system_words": args.system_words,
-                                 "prompts": rows, "summary": summary, "threads": args.threads, "repeats": args.repeats})
+                                 "prompts": rows, "summary": summary, "threads": args.threads,
+                                 "repeats": args.repeats})
 
 
 if __name__ == "__main__":

@@ -160,7 +160,8 @@ def test_saved_index_is_reused_by_a_new_process_without_warming(tmp_path, engine
     assert there["held_after_load"] == 0 and there["load_warnings"] == []  # nothing computed at load
     assert there["stats"]["chunk_hits"] == 4 and there["stats"]["chunk_misses"] == 0  # all read from disk
     read = there["usage"]["input_token_details"]["cache_read"]
-    mine = here.usage_metadata["input_token_details"]["cache_read"] - here.response_metadata["blend_stats"]["head_tokens"]
+    head = here.response_metadata["blend_stats"]["head_tokens"]
+    mine = here.usage_metadata["input_token_details"]["cache_read"] - head
     assert read - there["stats"]["head_tokens"] == mine > 0  # the chunks' reuse; a head is read once cached
     assert there["answer"] == here.content  # the same KV (fp16 on disk == in memory): the same answer
     now = {p: p.stat().st_mtime_ns for p in (tmp_path / "cacheblend").rglob("*") if p.is_file()}

@@ -10,8 +10,9 @@ For a prompt whose tokens are partly covered by cached chunk KV (keys stored bef
 3. From there on only active rows are computed. Each layer's cache starts as the cached K/V
    realigned to the final positions (keys rotated, in the compute dtype: what decoding needs),
    with the head's exact K/V (``BlendInput.head_kv``, what a full prefill computes for the rows
-   before the first chunk: ``head.py``) and the active rows' fresh K/V written into it (at a check layer after the selection, which
-   compares them with the stored K/V); the active rows attend over it, exact causal mask by position.
+   before the first chunk: ``head.py``) and the active rows' fresh K/V written into it (at a check
+   layer after the selection, which compares them with the stored K/V); the active rows attend
+   over it, exact causal mask by position.
 
 Ratio 1.0 is a full prefill, 0.0 full reuse (only uncached tokens are recomputed). An ``AutoRatio``
 is resolved per request at its check layer, before the pick (``budget.py``).
@@ -159,8 +160,8 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
 def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
                fresh_check: bool) -> BlendOutput:
     """Stage 1: the full-reuse pass (the uncached rows but the head's, and the last row, from layer
-    0, over the realigned cached K/V), scoring the question rows' attention at the selector's layers. Stage 2:
-    from layer 0 again, over stage 1's caches, the uncached rows, the last row and the selector's
+    0, over the realigned cached K/V), scoring the question rows' attention at the selector's
+    layers. Stage 2: from layer 0 again, over stage 1's caches, the uncached rows, the last row and the selector's
     ``budget_for(ratio, reused)`` reused tokens by the fused score, at every layer; or, with
     ``at_check_layers`` (``QuestionDeviationSelector``), the one-pass blend of ``schedule``. At a
     budget of 0 stage 1 is the whole blend (nothing is scored): exactly the ratio-0.0 blend."""

@@ -43,7 +43,8 @@ class CheckLayer:
 class Check:
     """What a check layer needs besides the layer's tensors. keep_always: [N] bool, the uncached
     rows but the head's (``BlendInput.head_kv``: read, never kept) and the last row (whose logits
-    start decoding), all ``num_always`` of them always active; asking: [N] bool, the question (the uncached rows after the last reused token, or the last)."""
+    start decoding), all ``num_always`` of them always active; asking: [N] bool, the question
+    (the uncached rows after the last reused token, or the last)."""
 
     inp: BlendInput
     selector: Selector
