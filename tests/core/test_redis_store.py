@@ -189,7 +189,8 @@ def test_server_killed_mid_use_then_restarted_empty(tmp_path, make_engine, token
                 assert not began_after and torch.equal(pre.output.logits, hit)
             else:
                 assert (pre.stats.chunk_hits, pre.stats.chunk_misses) == (0, n)
-                assert torch.equal(pre.output.logits, miss)  # recomputed: the no-store answer
+                # recomputed: the no-store answer (its head read from the engine's head cache: fp32 order)
+                torch.testing.assert_close(pre.output.logits, miss, atol=1e-5, rtol=1e-5)
         assert [pre.stats.chunk_hits for _, pre in results[:2]] == [n, n]
         assert sum(began_after for began_after, _ in results) == 3
 
