@@ -28,14 +28,15 @@ def true_indices(mask: torch.Tensor, count: int) -> torch.Tensor:
 class CheckLayer:
     """A check layer's tensors. x: [1,n,hidden] the normed input of the active rows; k, v:
     [1,Hkv,n,d] their fresh K (before RoPE) and V; cached: [2,Hkv,N,d] the stored K (before RoPE)
-    and V; layer_kv: [2,Hkv,N,d] the cached K/V realigned, no fresh row written yet."""
+    and V (None when nothing is reused, only a head); layer_kv: [2,Hkv,N,d] the cached K/V
+    realigned, no fresh row written yet."""
 
     model: ModelAdapter
     layer: int
     x: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    cached: torch.Tensor
+    cached: torch.Tensor | None
     layer_kv: torch.Tensor
 
 

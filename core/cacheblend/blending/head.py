@@ -75,12 +75,6 @@ class HeadCache:
                     self.bytes -= old.numel() * old.element_size()
         return kv, False
 
-    def clear(self) -> None:
-        with self._lock:
-            self._kv.clear()
-            self.bytes = 0
-
-
 def head_forward(model: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
     """The head's K/V [layers, 2, kv_heads, H, head_dim] (K rotated) from a full prefill of its ids
     [H] alone, through the blend's own loop (the kernels that compute those rows in a full prefill
