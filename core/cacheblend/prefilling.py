@@ -80,7 +80,7 @@ class Prefiller:
         asm.load_s += lookup_s  # reading the records, then gathering them (assemble's part)
         selector = self.selector if self.selector is not None else make_selector(cfg)
         t = time.perf_counter()
-        limit = 0 if full or not request.text.chunks else request.head_tokens
+        limit = 0 if full else request.head_tokens
         asm.input, read = self.heads.with_head(self.adapter, asm.input, limit)  # computed the first time
         out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check)
         chosen = out.ratio if out.ratio is not None else cfg.recompute_ratio  # an auto budget reports its pick

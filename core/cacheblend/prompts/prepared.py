@@ -35,11 +35,12 @@ class Request:
 
     @property
     def head_tokens(self) -> int:
-        """Its leading tokens that end before its first chunk starts (all of them without chunks):
-        the template, system message and instructions, the same across requests of one application
-        (what ``blending/head.py`` computes once)."""
-        start = self.text.chunks[0].start if self.text.chunks else len(self.text.text)
-        count = 0
+        """Its leading tokens that end before its first chunk starts (0 without chunks): the template,
+        system message and instructions, the same across requests of one application (what
+        ``blending/head.py`` computes once)."""
+        if not self.text.chunks:
+            return 0
+        start, count = self.text.chunks[0].start, 0
         for _, end in self.encoding.offsets:
             if end > start:
                 break
