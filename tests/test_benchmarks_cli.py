@@ -148,6 +148,23 @@ def test_named_after_quick(tmp_path, tiny_model_dir):
     assert "| 4 of 6 |" in proc.stdout or not any(right)  # the question's answer is in its fourth passage
 
 
+def test_repair_ablation_quick(tmp_path, tiny_model_dir):
+    """The quick run ablates its one question whether lost or not: each set recomputes the passages it
+    names (a set holding another's recomputes more), and recomputing every passage is a full prefill:
+    every row recomputed, full prefill's answer to the token."""
+    data = _quick("repair_ablation.py", tmp_path, tiny_model_dir)
+    (case,) = data["cases"]
+    tried = {a["label"]: a for a in case["ablations"]}
+    others = [j for j in range(case["passages"]) if j != case["target"]]
+    assert set(tried) == {"answer", "all but answer", "all", *(f"answer + {j}" for j in others),
+                          *(f"all but {j}" for j in others)}
+    assert tried["all"]["share"] == 1.0 and tried["all"]["answer"] == case["full"] and tried["all"]["same_as_full"]
+    for j in others:
+        assert tried["answer"]["share"] < tried[f"answer + {j}"]["share"] < tried["all"]["share"]
+        assert tried[f"all but {j}"]["share"] < 1.0
+    assert data["summary"]["every passage"]["repaired"] == int(tried["all"]["right"])
+
+
 def test_named_plus_quick(tmp_path, tiny_model_dir):
     """The named chunk plus 2% of the reused tokens by deviation among the others: the named chunk's
     rows and at most 2 points of the prompt more (the reused tokens are part of it), a changed blend."""
