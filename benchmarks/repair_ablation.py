@@ -74,7 +74,8 @@ def summarize(cases: list[dict]) -> dict:
         "the answer's passage": lambda label: label == "answer",
         "the answer's passage + one other (the best)": lambda label: label.startswith("answer + "),
         "every passage but the answer's": lambda label: label == "all but answer",
-        "every passage but one other (the best)": lambda label: label.startswith("all but ") and label != "all but answer",
+        "every passage but one other (the best)": lambda label: label.startswith("all but ")
+        and label != "all but answer",
         "every passage": lambda label: label == "all",
     }
     out = {}
@@ -155,12 +156,14 @@ def main(argv: list[str] | None = None) -> None:
     kept = sum(r["full_right"] and r["default_right"] for r in questions)
     right = sum(r["full_right"] for r in questions)
     summary = summarize(cases)
-    print(f"\n{args.model}, facts {args.split} {args.start}-{args.start + len(qs) - 1}: the default keeps {kept} of the "
+    last = args.start + len(qs) - 1
+    print(f"\n{args.model}, facts {args.split} {args.start}-{last}: the default keeps {kept} of the "
           f"{right} answers full prefill gets right; {len(cases)} ablated\n")
     print("| recomputed from layer 0 | lost answers repaired | tries that repair | mean share of the prompt |")
     print("|---|---|---|---|")
     for kind, s in summary.items():
-        print(f"| {kind} | {s['repaired']} of {s['lost']} | {s['share_of_tries_repairing']:.0%} | {s['mean_share']:.1%} |")
+        tries, share = s["share_of_tries_repairing"], s["mean_share"]
+        print(f"| {kind} | {s['repaired']} of {s['lost']} | {tries:.0%} | {share:.1%} |")
     meta = {"dataset": "facts", "split": args.split, "start": args.start, "count": len(qs), "kept": kept,
             "full_right": right, "default": repr(default)}
     record.write(args.run_file, {"meta": meta, "summary": summary, "questions": questions, "cases": cases})

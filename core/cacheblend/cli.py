@@ -235,7 +235,8 @@ def cmd_bench(args) -> int:
         from .engine import BlendEngine
 
         baseline = BlendEngine(engine.adapter.model, engine.tokenizer, config=replace(engine.config, neighbours=0))
-        baseline.warm(texts, store_dir=store, progress=True)
+        # a folder of its own: its records' fingerprint differs, and a store holding only the other's warns
+        baseline.warm(texts, store_dir=store.with_name(store.name + "-alone"), progress=True)
     ratios = tuple(float(x) for x in args.ratios.split(","))
     started = time.perf_counter()
     options = bench.BenchOptions(ratios=ratios, repeats=args.repeats, answer_tokens=args.answer_tokens)

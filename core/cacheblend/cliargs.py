@@ -151,7 +151,9 @@ def _bench(b) -> None:
     b.add_argument("--ratios", default="0.05,0.15,0.30")
     b.add_argument("--answer-tokens", type=int, default=32, help="greedy answer length for the quality columns")
     b.add_argument("--out", default="bench_out")
-    b.add_argument("--store", default=None, help="KV store directory (default: OUT/store)")
+    b.add_argument("--store", default=None,
+                   help="KV store directory (default: OUT/store; the chunks warmed alone, for CacheBlend's rows, "
+                        "go to STORE-alone)")
     config_args(b)
 
 

@@ -19,12 +19,13 @@ DOCS = {
 }
 
 
-def cacheblend(*args, cwd):
+def cacheblend(*args, cwd, stderr=False):
+    """The command's stdout (and its stderr with ``stderr=True``); it must exit 0."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     out = subprocess.run([sys.executable, "-m", "cacheblend.cli", *args], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+    return (out.stdout, out.stderr) if stderr else out.stdout
 
 
 def test_warm_then_ask_then_warm_again_reuses_the_store(tmp_path):
@@ -51,9 +52,12 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path):
 
 
 def test_bench_writes_table_json_and_plot(tmp_path):
-    text = cacheblend("bench", "--prompts", "1", "--chunks", "2", "--repeats", "1", "--ratios", "0.15",
-                      "--out", "b", cwd=tmp_path)
+    text, err = cacheblend("bench", "--prompts", "1", "--chunks", "2", "--repeats", "1", "--ratios", "0.15",
+                           "--out", "b", cwd=tmp_path, stderr=True)
     assert "| cacheblend 15% |" in text and "| full prefill | 100.0% |" in text
+    # each warming in its own folder: no store holding only the other's records, so no warning about one
+    assert (tmp_path / "b" / "store").is_dir() and (tmp_path / "b" / "store-alone").is_dir()
+    assert "StoreWarning" not in err, err[-2000:]
     rows = json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]
     by = {r["method"]: r for r in rows}
     alone = {"CacheBlend 15% (chunks warmed alone)", "EPIC chunk start 15% (alone)"}  # the default warms behind neighbours
