@@ -13,7 +13,8 @@ uncached row and the last row always are) and the rest read from the default's r
   question names it);
 - ``answer + P``: it and passage P;
 - ``all but P``: every passage but P (``all but answer``: every passage but the answer's);
-- ``all``: every passage (a full prefill but for the head read from its cache: a check of the path).
+- ``all``: every passage, so every row is recomputed (each ablation computes the prompt's head too):
+  a full prefill through the blend's path, the check that the path itself loses nothing.
 
 The question this answers is whether a selection can repair these answers at all: a repair needs
 some set of rows recomputed; if recomputing every passage but one still loses the answer, no
