@@ -8,7 +8,10 @@ For each prompt (``chunks`` passages + a question, wrapped by the chat template)
   the disk store each time (what a fresh serving process sees).
 - floor: the compute-bound speedup at the measured recompute share s, with L layers of which the
   first f (before the first check layer) run over every token: floor = L / (f + (L - f) * s).
-  It ignores attention's quadratic part and fixed costs, so it is a reference, not a bound.
+  It ignores attention's quadratic part and fixed costs, so it is a reference, not a bound. It
+  does not fit a two-stage blend (``QuestionSelector``; Qwen's default where the question names no
+  chunk), which runs no such prelude and adds a first stage over the uncached rows: for those
+  prompts the MAC floor, counted from the rows computed, is the one that holds.
 - MAC floor: full prefill's multiply-accumulates over the method's, counted from the rows each
   prefill computed, attention included (``cost.py``): the speedup if every one ran at full
   prefill's rate. A method's TTFT over it is what loading, realigning and selecting cost, plus
