@@ -84,12 +84,14 @@ def test_bench_floor_ratio_is_per_prompt_not_medians_over_mean_share():
     share says otherwise."""
     from cacheblend.tools.bench import MethodResult, compute_floor
 
-    layers, full = 24, MethodResult("full prefill", 1.0, ttft_s=[10.0, 10.0, 10.0], macs=[100, 100, 100])
+    layers, tokens = 24, 1000
+    full = MethodResult("full prefill", 1.0, ttft_s=[10.0] * 3, macs=[100] * 3, rows=[layers * tokens] * 3)
     shares = [0.05, 0.25, 0.25]
     floors = [compute_floor(layers, 1, s) for s in shares]
     auto = MethodResult("auto", None, ttft_s=[10.0 / f for f in floors], macs=[100 / f for f in floors],
-                        recomputed_share=shares, full_layers=1, load_s=[0.0] * 3, kl=[0.0] * 3, f1_full=[1.0] * 3)
-    row = auto.summary(full, layers)
+                        rows=[tokens * (1 + (layers - 1) * s) for s in shares],  # layer 0 over every token
+                        recomputed_share=shares, load_s=[0.0] * 3, kl=[0.0] * 3, f1_full=[1.0] * 3)
+    row = auto.summary(full)
     assert row["of_floor"] == pytest.approx(1.0) and row["of_mac_floor"] == pytest.approx(1.0)
     assert row["speedup"] / row["floor"] < 0.9  # the old reading: the median prompt (25%), the mean share's floor
 

@@ -8,7 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cacheblend.blending.blend import blend_prefill
 from cacheblend.blending.selection import DeviationSelector, QuestionSelector
-from cacheblend.tools.cost import key_pairs, prefill_macs
+from cacheblend.tools.bench import compute_floor
+from cacheblend.tools.cost import key_pairs, prefill_macs, prefill_rows
 
 from tiny_models import FAMILIES
 from test_equivalence import CHUNKS, assembled, request
@@ -48,6 +49,26 @@ def test_a_two_stage_blend_counts_its_first_stage(make_engine):
     macs, plain = prefill_macs(engine.adapter, out), prefill_macs(engine.adapter, replace(out, question_rows=0))
     assert flops["aten.mm"] == 2 * macs.linear
     assert flops["aten.bmm"] == 2 * (macs.attention - plain.attention) > 0
+
+
+def test_rows_fit_the_formula_in_one_pass_and_count_both_stages_of_two(make_engine):
+    """The row floor's count: a full prefill computes every row at every layer; a one-pass blend's
+    rows give exactly L / (f + (L - f) s) of it (f = 1 layer before the check layer, s the rows
+    kept); a two-stage blend runs no layer-0 prelude and computes its first stage's rows at every
+    layer besides the rows it recomputes, which the formula does not count."""
+    engine = make_engine("llama")
+    engine.warm(CHUNKS)
+    inp = assembled(engine, request(engine, (2, 0, 1))).input
+    n, layers = inp.ids.shape[0], engine.adapter.num_layers
+    full = blend_prefill(engine.adapter, inp, DeviationSelector("v"), {})
+    assert prefill_rows(full) == layers * n
+    one = blend_prefill(engine.adapter, inp, DeviationSelector("v"), {1: 0.15})
+    assert 0 < one.recomputed < n
+    assert prefill_rows(full) / prefill_rows(one) == pytest.approx(compute_floor(layers, 1, one.recomputed / n))
+    two = blend_prefill(engine.adapter, inp, QuestionSelector(), {1: 0.15})
+    assert 0 < two.first_stage_rows and 0 < two.recomputed < n
+    assert prefill_rows(two) == layers * (two.first_stage_rows + two.recomputed)
+    assert prefill_rows(full) / prefill_rows(two) != pytest.approx(compute_floor(layers, 1, two.recomputed / n))
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # gemma3's tiny model has a sliding window

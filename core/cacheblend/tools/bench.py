@@ -6,12 +6,12 @@ For each prompt (``chunks`` passages + a question, wrapped by the chat template)
   available to the caller: tokenization, KV loading, the prefill, and building the decode cache.
   For the blended methods the memory tier is emptied before every run, so chunk KV is read from
   the disk store each time (what a fresh serving process sees).
-- floor: the compute-bound speedup at the measured recompute share s, with L layers of which the
-  first f (before the first check layer) run over every token: floor = L / (f + (L - f) * s).
-  It ignores attention's quadratic part and fixed costs, so it is a reference, not a bound. It
-  does not fit a two-stage blend (``QuestionSelector``; Qwen's default where the question names no
-  chunk), which runs no such prelude and adds a first stage over the uncached rows: for those
-  prompts the MAC floor, counted from the rows computed, is the one that holds.
+- floor: full prefill's row-layers over the method's, counted from the rows each prefill computed
+  (``cost.prefill_rows``): for a one-pass blend at recompute share s, with L layers of which the
+  first f (before the first check layer) run over every token, L / (f + (L - f) * s); a two-stage
+  blend (``QuestionSelector``: Qwen's default where the question names no chunk) runs no such
+  prelude and adds its first stage's rows. It ignores attention's quadratic part and fixed costs,
+  so it is a reference, not a bound.
 - MAC floor: full prefill's multiply-accumulates over the method's, counted from the rows each
   prefill computed, attention included (``cost.py``): the speedup if every one ran at full
   prefill's rate. A method's TTFT over it is what loading, realigning and selecting cost, plus
@@ -45,7 +45,7 @@ from ..engine import BlendEngine
 from ..generation.decode import Prefilled
 from ..result import BlendStats
 from ..stores import MemoryStore
-from .cost import prefill_macs
+from .cost import prefill_macs, prefill_rows
 from .datasets import QAExample
 from .quality import answer_kl, best_f1, token_f1
 
@@ -64,14 +64,14 @@ class MethodResult:
     f1_gold: list[float] = field(default_factory=list)
     recomputed_share: list[float] = field(default_factory=list)
     macs: list[int] = field(default_factory=list)  # per prompt: what its prefill computed (cost.py)
-    full_layers: int = 0  # layers run over every token before the first check layer
+    rows: list[int] = field(default_factory=list)  # per prompt: the row-layers it computed (cost.py)
 
-    def summary(self, full: MethodResult, num_layers: int) -> dict:
+    def summary(self, full: MethodResult) -> dict:
         """The row of the table; ``full``: full prefill's results over the same prompts, in order."""
         share = statistics.mean(self.recomputed_share)
         ttft, full_ttft = statistics.median(self.ttft_s), statistics.median(full.ttft_s)
         speedups = [f / t for f, t in zip(full.ttft_s, self.ttft_s)]  # per prompt
-        rows = [s / compute_floor(num_layers, self.full_layers, r) for s, r in zip(speedups, self.recomputed_share)]
+        rows = [s * m / f for s, f, m in zip(speedups, full.rows, self.rows)]  # speedup / (full rows / rows)
         macs = [s * m / f for s, f, m in zip(speedups, full.macs, self.macs)]  # speedup / (full MACs / MACs)
         return {
             "method": self.name,
@@ -83,7 +83,7 @@ class MethodResult:
             "f1_vs_full": statistics.mean(self.f1_full),
             "f1_vs_gold": statistics.mean(self.f1_gold) if self.f1_gold else None,
             "recomputed_share": share,
-            "floor": compute_floor(num_layers, self.full_layers, share),
+            "floor": statistics.mean(full.rows) / statistics.mean(self.rows),
             "mac_floor": statistics.mean(full.macs) / statistics.mean(self.macs),
             "of_floor": statistics.median(rows),
             "of_mac_floor": statistics.median(macs),
@@ -169,9 +169,6 @@ def run(
     table = methods(engine, options.ratios, baseline)
     results = {name: MethodResult(name, None if cfg is None else cfg.recompute_ratio) for name, (cfg, _) in table.items()}
     results["full prefill"].ratio = 1.0
-    for name, (cfg, _) in table.items():
-        results[name].full_layers = engine.adapter.num_layers if cfg is None else min(cfg.schedule())
-    results["prefix caching"].full_layers = 0
     first = examples[0]
     first_text = engine.request(chunks=first.passages, query=first.question, prefix=QA_PREFIX).text
     prefix = PrefixCache(engine, engine.token_ids(first_text.text[: first_text.chunks[0].start]))
@@ -199,8 +196,9 @@ def run(
                 res.f1_gold.append(best_f1(answer.text, ex.answers))
             res.recomputed_share.append(pre.stats.recomputed_tokens / pre.stats.prompt_tokens)
             res.macs.append(prefill_macs(engine.adapter, pre.output).total)
+            res.rows.append(prefill_rows(pre.output))
         log(f"[{i + 1}/{len(examples)}] {len(ids)} tokens; full {results['full prefill'].ttft_s[-1]:.2f}s")
-    return [r.summary(results["full prefill"], engine.adapter.num_layers) for r in results.values()]
+    return [r.summary(results["full prefill"]) for r in results.values()]
 
 
 def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict]) -> dict:

@@ -1,8 +1,9 @@
-"""What a prefill computes, counted in multiply-accumulates: the compute floor that counts attention.
+"""What a prefill computes, counted in rows and in multiply-accumulates: the two compute floors.
 
-The row floor (``bench.compute_floor``) counts rows: L layers, the first f over every token, the
-others over the recomputed share s. It takes a row's attention to cost nothing beside its linear
-weights. But a recomputed row attends to every key before it, and the question's rows (uncached,
+The row floor counts rows (``prefill_rows``): per layer the rows it computed, the first stage's
+too in a two-stage blend; for a one-pass blend that is L / (f + (L - f) s) of full prefill's
+(``bench.compute_floor``: L layers, the first f over every token, the others over the recomputed
+share s). It takes a row's attention to cost nothing beside its linear weights. But a recomputed row attends to every key before it, and the question's rows (uncached,
 at the prompt's end) to all of them, where full prefill's rows attend to half the prompt on
 average: the blend keeps a larger share of the attention than of the rows. ``prefill_macs``
 counts both from the rows a prefill really computed (``BlendOutput.active_rows``):
@@ -55,6 +56,12 @@ def prefill_macs(adapter: ModelAdapter, out: BlendOutput) -> Macs:
             attention += key_pairs(rows, adapter.window(layer)) * per_pair
             entering = rows.shape[0]
     return Macs(linear, attention)
+
+
+def prefill_rows(out: BlendOutput) -> int:
+    """The row-layers the prefill that produced ``out`` computed: per layer the rows it kept (every
+    row before the first check layer), over both stages of a two-stage blend."""
+    return sum(int(rows.shape[0]) for stage in (out.first_stage_active, out.active_rows) for rows in stage)
 
 
 def key_pairs(rows: torch.Tensor, window: int | None) -> int:
