@@ -31,8 +31,8 @@ from pathlib import Path
 
 import cacheblend.blending.rows as rows_module
 from cacheblend import BlendEngine
-from cacheblend.tools.bench import QA_PREFIX, compute_floor
-from cacheblend.tools.cost import prefill_macs
+from cacheblend.tools.bench import QA_PREFIX
+from cacheblend.tools.cost import prefill_macs, prefill_rows
 from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_workload
 from runfile import ROOT, RunRecord, add_common
 
@@ -89,8 +89,6 @@ def main(argv: list[str] | None = None) -> None:
         examples = pydoc_workload(pydoc_passages(engine.count_tokens, 96), 2, 2)
     else:
         examples = load_musique(Path(args.dataset), 6)[args.start:args.start + args.prompts]
-    full_layers = min(engine.config.schedule())
-    layers = engine.adapter.num_layers
     prompts, ops = [], None
     for i, ex in enumerate(examples):
         engine.warm(ex.passages, progress=False)
@@ -105,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         share = out["split"].stats.recomputed_tokens / out["split"].stats.prompt_tokens
         macs = prefill_macs(engine.adapter, out["full"].output).total / prefill_macs(engine.adapter, out["split"].output).total
         row = {"prompt_tokens": out["full"].stats.prompt_tokens, "recomputed_share": share, "ttft_s": med,
-               "floor": compute_floor(layers, full_layers, share), "mac_floor": macs,
+               "floor": prefill_rows(out["full"].output) / prefill_rows(out["split"].output), "mac_floor": macs,
                "logits_max_diff": float((out["split"].output.logits - out["masked"].output.logits).abs().max())}
         for kernel in ("split", "masked"):
             speedup = med["full"] / med[kernel]
