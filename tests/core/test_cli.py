@@ -74,7 +74,9 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     blend = by["cacheblend 15%"]  # one prompt: the per-prompt ratios are the table's own
     assert blend["of_floor"] == pytest.approx(blend["speedup"] / blend["floor"])
     assert blend["of_mac_floor"] == pytest.approx(blend["speedup"] / blend["mac_floor"])
-    assert len(blend["per_prompt"]["ttft_s"]) == len(blend["per_prompt"]["macs"]) == 1
+    per_prompt = blend["per_prompt"]
+    assert len(per_prompt["ttft_s"]) == len(per_prompt["macs"]) == len(per_prompt["rows"]) == 1
+    assert blend["floor"] == pytest.approx(by["full prefill"]["per_prompt"]["rows"][0] / per_prompt["rows"][0])
     assert (tmp_path / "b" / "bench.png").stat().st_size > 10_000
 
 

@@ -87,7 +87,9 @@ class MethodResult:
             "mac_floor": statistics.mean(full.macs) / statistics.mean(self.macs),
             "of_floor": statistics.median(rows),
             "of_mac_floor": statistics.median(macs),
-            "per_prompt": {"ttft_s": self.ttft_s, "macs": self.macs, "recomputed_share": self.recomputed_share},
+            "per_prompt": {
+                "ttft_s": self.ttft_s, "macs": self.macs, "rows": self.rows, "recomputed_share": self.recomputed_share
+            },
         }
 
 
