@@ -40,6 +40,11 @@ are what misleads the question, so they read the other record each chunk has):
 - ``"lexical named"``: the named chunk's budget over chunks warmed alone (every chunk reads the
   record CacheBlend's warming makes; the lead records are those).
 
+And two that recompute a little more than the named chunk, not whole passages (stop 45):
+``"nb1 named windows after W"`` adds, in every chunk after the named one, W tokens either side of
+each occurrence of a question token that is not common (``NamedWindows``: the competing sentences),
+``"nb1 named windows W"`` the same in every other chunk.
+
 Every method falls back to the named chunk's budget (5% by deviation) where the question names no
 chunk, or names the first one read alone. ``"nb1 named next"`` and ``"nb1 named after"`` are
 measurements, not product options: the recompute they spend is whatever the chunks hold (the
@@ -82,6 +87,37 @@ class NamedAfter:
         return ((chunk >= best) & (chunk <= last)).nonzero().flatten()
 
 
+class NamedWindows:
+    """The named chunk whole (as ``NamedAfter(0)``) and, in the chunks after it (``after_only``) or
+    in every other chunk, ``width`` tokens either side of each occurrence of a question token
+    that is not common (at most two per chunk on average: not " the", "." or the template's
+    newline): the sentences that compete with the named one for the question's attention (a
+    distractor's "Its founder was ..." when the question asks who founded), recomputed over the
+    whole prompt. Research (stop 45); deviation at the budget where the question names none."""
+
+    needs_query = False
+
+    def __init__(self, width: int, after_only: bool = True) -> None:
+        self.width, self.after_only = width, after_only
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        chunk = cand.chunks()  # [n]
+        best = named_chunk(chunk_scores(cand.ids, chunk, cand.question_ids), cand.first_alone)
+        if best is None:
+            return DeviationSelector("v")(cand, budget)
+        asked = cand.question_ids.unique()
+        count = (cand.ids[:, None] == asked[None, :]).sum(0)  # [m'] occurrences among the reused tokens
+        rare = asked[(count > 0) & (count <= 2 * (int(chunk.max()) + 1))]
+        hit = torch.isin(cand.ids, rare) & ((chunk > best) if self.after_only else (chunk != best))
+        at = hit.nonzero().flatten()  # [h]
+        span = at[:, None] + torch.arange(-self.width, self.width + 1)[None, :]  # [h, 2w+1]
+        span = span.clamp(0, chunk.numel() - 1)
+        span = span[chunk[span] == chunk[at][:, None]]  # inside the hit's own chunk
+        keep = chunk == best
+        keep[span] = True
+        return keep.nonzero().flatten()
+
+
 def deeper_half_lead(warmed):
     """A records function over ``warmed``'s records (1 neighbour, with lead records) for a config
     with ``lead_after_named`` (research, stop 35): the records the default reads, but every chunk
@@ -108,6 +144,9 @@ def register() -> None:
     config = select_eval.METHODS["nb1 lexical named"][0]
     select_eval.METHODS["nb1 named next"] = (config, NamedAfter(1))
     select_eval.METHODS["nb1 named after"] = (config, NamedAfter(None))
+    for width in (4, 8):
+        select_eval.METHODS[f"nb1 named windows after {width}"] = (config, NamedWindows(width))
+        select_eval.METHODS[f"nb1 named windows {width}"] = (config, NamedWindows(width, after_only=False))
     select_eval.METHODS["lexical named"] = (replace(config, neighbours=0), None)
     select_eval.METHODS["nb1 named lead after"] = (replace(config, lead_after_named=True), None)
     select_eval.METHODS["nb1 named mix after 0.5"] = (replace(config, lead_after_named=0.5), None)
