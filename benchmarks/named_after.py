@@ -43,7 +43,10 @@ are what misleads the question, so they read the other record each chunk has):
 And two that recompute a little more than the named chunk, not whole passages (stop 45):
 ``"nb1 named windows after W"`` adds, in every chunk after the named one, W tokens either side of
 each occurrence of a question token that is not common (``NamedWindows``: the competing sentences),
-``"nb1 named windows W"`` the same in every other chunk.
+``"nb1 named windows W"`` the same in every other chunk. Two controls: ``"nb1 named deviation
+after W"`` adds as many tokens of the chunks after the named one by V deviation instead,
+``"nb1 named within after W"`` keeps the named chunk's budget (the windows, then the named chunk's
+most deviating tokens up to its size).
 
 Every method falls back to the named chunk's budget (5% by deviation) where the question names no
 chunk, or names the first one read alone. ``"nb1 named next"`` and ``"nb1 named after"`` are
@@ -64,7 +67,7 @@ import torch
 
 import select_eval
 from cacheblend.blending.lexical import chunk_scores, named_chunk
-from cacheblend.blending.selection import Candidates, DeviationSelector
+from cacheblend.blending.selection import Candidates, DeviationSelector, _top
 from cacheblend.stores.record import ChunkRecord
 from cacheblend.tools.factset import entities
 
@@ -97,8 +100,10 @@ class NamedWindows:
 
     needs_query = False
 
-    def __init__(self, width: int, after_only: bool = True) -> None:
-        self.width, self.after_only = width, after_only
+    def __init__(self, width: int, after_only: bool = True, mode: str = "windows") -> None:
+        if mode not in ("windows", "deviation", "within"):
+            raise ValueError(f"mode: windows, deviation or within; got {mode!r}")
+        self.width, self.after_only, self.mode = width, after_only, mode
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         chunk = cand.chunks()  # [n]
@@ -113,9 +118,19 @@ class NamedWindows:
         span = at[:, None] + torch.arange(-self.width, self.width + 1)[None, :]  # [h, 2w+1]
         span = span.clamp(0, chunk.numel() - 1)
         span = span[chunk[span] == chunk[at][:, None]]  # inside the hit's own chunk
-        keep = chunk == best
-        keep[span] = True
-        return keep.nonzero().flatten()
+        named = chunk == best
+        window = torch.zeros_like(named)
+        window[span] = True
+        if self.mode == "windows":
+            return (named | window).nonzero().flatten()
+        deviation = DeviationSelector("v").scores(cand)
+        if self.mode == "deviation":  # the control: as many tokens, in the same chunks, by deviation
+            pool = (chunk > best) if self.after_only else (chunk != best)
+            extra = _top(torch.where(pool, deviation, -1.0), int(window.sum()))
+            return torch.cat([named.nonzero().flatten(), extra])
+        # "within": the windows, then the named chunk's most deviating tokens up to its own size
+        inside = _top(torch.where(named, deviation, -1.0), max(0, int(named.sum()) - int(window.sum())))
+        return torch.cat([window.nonzero().flatten(), inside])
 
 
 def deeper_half_lead(warmed):
@@ -147,6 +162,8 @@ def register() -> None:
     for width in (4, 8):
         select_eval.METHODS[f"nb1 named windows after {width}"] = (config, NamedWindows(width))
         select_eval.METHODS[f"nb1 named windows {width}"] = (config, NamedWindows(width, after_only=False))
+        for mode in ("deviation", "within"):
+            select_eval.METHODS[f"nb1 named {mode} after {width}"] = (config, NamedWindows(width, mode=mode))
     select_eval.METHODS["lexical named"] = (replace(config, neighbours=0), None)
     select_eval.METHODS["nb1 named lead after"] = (replace(config, lead_after_named=True), None)
     select_eval.METHODS["nb1 named mix after 0.5"] = (replace(config, lead_after_named=0.5), None)
