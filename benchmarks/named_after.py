@@ -159,11 +159,10 @@ def register() -> None:
     config = select_eval.METHODS["nb1 lexical named"][0]
     select_eval.METHODS["nb1 named next"] = (config, NamedAfter(1))
     select_eval.METHODS["nb1 named after"] = (config, NamedAfter(None))
-    for width in (4, 8):
-        select_eval.METHODS[f"nb1 named windows after {width}"] = (config, NamedWindows(width))
-        select_eval.METHODS[f"nb1 named windows {width}"] = (config, NamedWindows(width, after_only=False))
-        for mode in ("deviation", "within"):
-            select_eval.METHODS[f"nb1 named {mode} after {width}"] = (config, NamedWindows(width, mode=mode))
+    select_eval.METHODS["nb1 named windows after 4"] = (config, NamedWindows(4))
+    select_eval.METHODS["nb1 named windows 4"] = (config, NamedWindows(4, after_only=False))
+    for mode in ("deviation", "within"):  # the two controls
+        select_eval.METHODS[f"nb1 named {mode} after 4"] = (config, NamedWindows(4, mode=mode))
     select_eval.METHODS["lexical named"] = (replace(config, neighbours=0), None)
     select_eval.METHODS["nb1 named lead after"] = (replace(config, lead_after_named=True), None)
     select_eval.METHODS["nb1 named mix after 0.5"] = (replace(config, lead_after_named=0.5), None)

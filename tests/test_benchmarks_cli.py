@@ -309,6 +309,31 @@ def test_named_plus_picks_the_named_chunk_whole_then_deviation_where_asked():
     assert set(NamedPlusDeviation(0.02, within=2)(cand, 100).tolist()) == named | set(deviating[6:])
 
 
+def test_named_windows_recompute_the_named_chunk_and_the_question_tokens_surroundings():
+    """Three chunks of 100 tokens; the question names chunk 1 (its rare id 7), and asks with id 9,
+    which chunks 0 and 2 hold (at 20, and at 250 and 299); id 5 fills every chunk (common). Width 2:
+    the named chunk whole and 248-252 and 297-299 (a window stops at its chunk's end); every other
+    chunk adds 18-22. The deviation control adds as many of chunk 2's most deviating tokens, and
+    "within" keeps the named chunk's size: the windows, then its most deviating tokens."""
+    NamedWindows = _bench_module("named_after").NamedWindows
+
+    ids = torch.full((300,), 5)
+    ids[150], ids[[20, 250, 299]] = 7, 9
+    fresh = torch.zeros(2, 300, 4)
+    fresh[:, [200, 201, 202, 150, 151], :] = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])[None, :, None]
+    cand = _three_chunks(ids, fresh, [7, 9, 5])
+    named, after = set(range(100, 200)), {248, 249, 250, 251, 252, 297, 298, 299}
+    assert set(NamedWindows(2)(cand, 100).tolist()) == named | after
+    assert set(NamedWindows(2, after_only=False)(cand, 100).tolist()) == named | after | {18, 19, 20, 21, 22}
+    control = NamedWindows(2, mode="deviation")(cand, 100).tolist()
+    assert len(control) == 108 and set(control) >= named | {200, 201, 202}
+    assert all(100 <= i for i in control)  # nothing from the chunk before the named one
+    within = NamedWindows(2, mode="within")(cand, 100).tolist()
+    assert len(within) == 100 and set(within) >= after | {150, 151}
+    with pytest.raises(ValueError, match="mode"):
+        NamedWindows(2, mode="random")
+
+
 def test_named_after_lost_says_where_each_lost_value_comes_from():
     """``--lost`` sorts a method's lost answers by the passage their value comes from: the answer's
     own passage first (values such as emblems repeat across entities), then the earliest other
