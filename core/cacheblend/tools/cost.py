@@ -6,7 +6,8 @@ too in a two-stage blend; for a one-pass blend that is L / (f + (L - f) s) of fu
 share s). It takes a row's attention to cost nothing beside its linear weights. But a recomputed
 row attends to every key before it, and the question's rows (uncached, at the prompt's end) to all
 of them, where full prefill's rows attend to half the prompt on average: the blend keeps a larger
-share of the attention than of the rows. ``prefill_macs`` counts both from the rows a prefill really computed (``BlendOutput.active_rows``):
+share of the attention than of the rows. ``prefill_macs`` counts both from the rows a prefill
+really computed (``BlendOutput.active_rows``):
 
 - linear: per layer, the K and V projections of every row entering the layer (a check layer
   computes them for all its rows, then keeps some) and the layer's other linear weights (Q, O, the
