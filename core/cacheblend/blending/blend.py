@@ -34,7 +34,7 @@ from .budget import resolve
 from .feed import LayerFeed
 from .rope import RopeTables, apply_rope, realign
 from .check import Check, CheckLayer
-from .inputs import BlendInput
+from .inputs import BlendInput, Restart
 from .question import QuestionScore
 from .rows import Rows, attend_rows
 from .selection import NoneSelector, Selector
@@ -94,16 +94,17 @@ def blend_prefill(model: ModelAdapter, inp: BlendInput, selector: Selector, sche
     if getattr(selector, "two_stage", False) or (staged and staged(
             inp.ids, inp.reused, inp.chunk_offsets, Check.of(inp, selector).asking, inp.first_alone)):
         return _two_stage(model, inp, selector, schedule, fresh_check)
-    return _blend(model, inp, selector, schedule, fresh_check)
+    return _blend(model, inp, selector, schedule, fresh_check, restart=inp.restart)
 
 
 def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float], fresh_check=False,
            observe: QuestionScore | None = None, base: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-           question_score: torch.Tensor | None = None) -> BlendOutput:
+           question_score: torch.Tensor | None = None, restart: Restart | None = None) -> BlendOutput:
     """The one-pass blend, with what the two-stage blend adds: ``observe`` (layer, q [1,H,n,d]
     rotated, keys [1,Hkv,N,d], the n rows' positions) at every layer; ``base``, per layer the K and
     V [Hkv,N,d] of an earlier pass to start the cache from (written in place) instead of realigning
-    the cached K/V; ``question_score`` [N], handed to the selector in ``Candidates``."""
+    the cached K/V; ``question_score`` [N], handed to the selector in ``Candidates``. ``restart``:
+    rows that join the active ones at its layer (``_join``)."""
     n = inp.ids.shape[0]
     pos = torch.arange(n, device=inp.ids.device)  # [N]
     tables = RopeTables.at(model, pos)  # per rotary geometry: cos, sin [N, d]
@@ -111,6 +112,8 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
     if not inp.head and (inp.cached is None or check.num_reused == 0):
         schedule = {}
     first_check = min(schedule, default=model.num_layers)
+    if restart is not None and schedule and restart.layer <= first_check:
+        raise ValueError(f"restart layer {restart.layer} must come after the first check layer {first_check}")
     feed = None  # copies start now
     if schedule and base is None and inp.cached is not None:
         feed = LayerFeed(inp.cached, inp.ids.device, first_check)
@@ -119,6 +122,8 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     active_rows, auto = [], {}  # auto: what an auto budget chose (budget.resolve)
     for layer in range(model.num_layers):
+        if restart is not None and layer == restart.layer:
+            rows, h = _join(rows, h, restart, tables)
         cos, sin = tables.layer(layer)  # [N, d]: this layer's rotary geometry
         x = model.attn_input(layer, h)  # [1, n, hidden]
         k, v = model.kv(layer, x)  # [1,Hkv,n,d], k before RoPE
@@ -176,12 +181,22 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     score = asked.score(inp.reused, inp.chunk_offsets)  # [N]
     base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
     if getattr(selector, "at_check_layers", False):
-        out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score)
+        out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score, restart=inp.restart)
     else:
-        out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score)
+        out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score, restart=inp.restart)
     out.first_stage_rows, out.first_stage_active = first.recomputed, first.active_rows
     out.question_rows, out.question_layers = asked.rows, asked.layers
     return out
+
+
+def _join(rows: Rows, h: torch.Tensor, restart: Restart, tables: RopeTables) -> tuple[Rows, torch.Tensor]:
+    """The active rows and ``restart``'s rows not among them, sorted, with their hidden states
+    [1, n', hidden] (the restarted rows' from ``restart.hidden``)."""
+    new = ~torch.isin(restart.positions, rows.active)  # [r]
+    active = torch.cat([rows.active, restart.positions[new]])
+    order = torch.argsort(active)
+    h = torch.cat([h[0], restart.hidden[new].to(h.dtype)])[order][None]
+    return Rows.at(active[order], tables), h
 
 
 def _write(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int) -> None:

@@ -7,6 +7,20 @@ from dataclasses import dataclass
 import torch
 
 
+@dataclass(frozen=True)
+class Restart:
+    """Reused rows that join the blend at ``layer`` from a residual stream kept at warm time, so
+    they are recomputed from that layer on, not from layer 0 (research: benchmarks/restart_depth.py).
+
+    positions: [r] sorted prompt positions of reused rows; hidden: [r, hidden] what entered
+    ``layer`` for each of them when its chunk was warmed (what its record's K/V at ``layer`` were
+    computed from). ``layer`` must come after the blend's first check layer."""
+
+    layer: int
+    positions: torch.Tensor
+    hidden: torch.Tensor
+
+
 @dataclass
 class BlendInput:
     """A prompt ready to blend.
@@ -22,6 +36,7 @@ class BlendInput:
         prompt's first H rows in the compute dtype, exactly as a full prefill computes them (nothing
         precedes them: ``blending.head.HeadCache``). Those rows are uncached and not reused; the blend
         reads their K/V from here and never computes them past its first check layer. None: no head.
+    restart: rows recomputed from a later layer on (``Restart``); None: every recomputed row starts at layer 0.
     """
 
     ids: torch.Tensor
@@ -30,6 +45,7 @@ class BlendInput:
     chunk_offsets: torch.Tensor
     first_alone: bool = False
     head_kv: torch.Tensor | None = None
+    restart: Restart | None = None
 
     @property
     def head(self) -> int:
