@@ -25,7 +25,8 @@ record behind the chunk context alone, its other record behind its neighbour):
 
 The stored stream is rounded to fp16, as the records are. The cost column is in row-layers: the
 rows each layer computed (a two-stage blend's first stage included) over layers x prompt tokens,
-so a row restarted at m counts (L - m) / L. Every other argument is select_eval.py's, so the
+so a row restarted at m counts (L - m) / L. named_after.py's methods are known too (``"nb1 named after"``: the
+same rows recomputed from the check layer). Every other argument is select_eval.py's, so the
 tables, run files and the full-prefill reference are its; its ``recomputed`` column counts a
 restarted row as a whole row.
 """
@@ -36,6 +37,7 @@ import sys
 
 import torch
 
+import named_after
 import select_eval
 import cacheblend.prefilling as prefilling
 import cacheblend.warming as warming
@@ -213,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     quick = "nb1 question,nb1 question + restart others@-1"  # two-stage: check layer 0, so any model restarts
     methods = quick if "--quick" in argv else argv[argv.index("--methods") + 1] if "--methods" in argv else ""
+    named_after.register()  # "nb1 named after": the chunks after the named one recomputed from the check layer
     register(methods.split(",") if methods else [])
     select_eval.main_with(__doc__, quick, argv)
 
