@@ -21,6 +21,9 @@ A two-stage selector (``two_stage``: ``QuestionSelector``) changes the order. St
 full-reuse pass (ratio 0.0 from layer 0: no layer-0 prelude) that at each layer also scores the
 attention the question's rows pay every prompt key; stage 2 runs step 3 from layer 0, over stage
 1's caches, with the rows the selector picks by the fused score (the schedule's last ratio).
+
+A ``BlendInput.restart`` (research, docs/RESTART-DEPTH.md) adds reused rows to the active ones at a
+layer after the check, from the residual stream their record was computed from.
 """
 
 from __future__ import annotations
