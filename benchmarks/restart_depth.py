@@ -34,6 +34,7 @@ restarted row as a whole row.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -59,6 +60,7 @@ class Streams:
         self.layers: set[int] = set()
         self.rows: dict[tuple[int, ...], dict[int, torch.Tensor]] = {}
         self._capture: dict[int, torch.Tensor] | None = None
+        self._context: int | None = None  # the rows' common prefix (the chunk context), once per warm
 
     def install(self) -> None:
         """Wraps warming's forward (which rows) and the adapter's qkv (what enters each layer)."""
@@ -76,6 +78,7 @@ class Streams:
                 for b, tok in enumerate(chunks):
                     row = (*context_ids, *tok)
                     self.rows[row] = {m: h[b, : len(row)] for m, h in self._capture.items()}  # m >= 0
+                self._context = None
             finally:
                 self._capture = None
             return out
@@ -86,10 +89,10 @@ class Streams:
         """[len(chunk), hidden] of ``chunk``'s record: its lead record (behind the context alone:
         a row that starts with the context and the chunk) or its record behind a neighbour (the
         row that ends with the chunk behind more than the context)."""
-        rows = list(self.rows)
-        context = len(_common_prefix(rows))
-        n = len(chunk)
-        for row in rows:
+        if self._context is None:
+            self._context = len(_common_prefix(list(self.rows)))
+        context, n = self._context, len(chunk)
+        for row in self.rows:
             if lead and row[context : context + n] == chunk:
                 return self.rows[row][layer][context : context + n]
             if not lead and len(row) > context + n and row[-n:] == chunk:
@@ -168,8 +171,6 @@ def _check(adapter, layer: int, hidden: torch.Tensor, stored_v: torch.Tensor) ->
 
 def _blend_prefill(real):
     def blend_prefill(model, inp, selector, schedule, fresh_check=False):
-        from dataclasses import replace
-
         restart = selector.restart(inp) if isinstance(selector, Restarting) else None
         out = real(model, replace(inp, restart=restart) if restart is not None else inp, selector, schedule, fresh_check)
         if isinstance(selector, Restarting):
