@@ -139,7 +139,7 @@ class Restarting:
         asking = torch.arange(inp.ids.shape[0]) > int(positions[-1])
         named = named_chunk(chunk_scores(inp.ids[positions], chunk, inp.ids[asking]), inp.first_alone)
         if named is None:
-            pick = chunk >= (0 if self.where == "others" else chunk.max() + 1)
+            pick = torch.full_like(chunk, self.where == "others", dtype=torch.bool)  # every chunk, or none
         else:
             pick = (chunk > named) if self.where == "after" else (chunk != named)
         if not bool(pick.any()):
