@@ -489,8 +489,10 @@ def test_frontier_panel_merges_runs_over_the_same_questions_and_refuses_others(t
     assert named[1] == 0.3 and family("nb1 lexical named max15") == (named[0], 0.15)
 
 
-DEDICATED = {"facts.py", "exact_prompts.py", "store_bench.py", "select_eval.py", "neighbour_eval.py", "tune.py",
-             "warm_rate.py", "blend_ab.py", "bench_serve.py", "frontier.py", "figures.py", "gate_eval.py"}  # tests above and below
+# Scripts whose quick run a test above already makes (``test_<name>_quick``) or that another test runs
+# (figures.py, gate_eval.py): the catch-all below would only run them a second time.
+DEDICATED = {f"{name[5:-6]}.py" for name in list(globals()) if name.startswith("test_") and name.endswith("_quick")}
+DEDICATED |= {"figures.py", "gate_eval.py"}
 
 
 @pytest.mark.parametrize("script", [s for s in SCRIPTS if s not in DEDICATED])

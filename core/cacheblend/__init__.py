@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     )
     from .config import BlendConfig
     from .engine import BlendEngine
-    from .generation.decode import GenerationStream, Prefilled
+    from .generation.decode import Prefilled
+    from .generation.stream import GenerationStream
     from .models.adapter import SUPPORTED as SUPPORTED_MODELS
     from .models.adapter import UnsupportedModelError
     from .models.bundled import ALIAS as BUNDLED_MODEL
@@ -55,7 +56,7 @@ _EXPORTS = {
     "DeviationSelector": "blending.selection",
     "DiskStore": "stores",
     "Generation": "result",
-    "GenerationStream": "generation.decode",
+    "GenerationStream": "generation.stream",
     "KVTier": "stores",
     "LexicalSelector": "blending.lexical",
     "MemoryStore": "stores",

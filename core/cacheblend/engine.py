@@ -7,7 +7,7 @@
 
 It wires two components and holds no algorithm: ``chunk_kv.ChunkKV`` (what keys chunk KV, the
 tiers, the texts looked for in prompts, warming, warm on miss) and ``prefilling.Prefiller`` (the
-request path; the blend's order lives in ``blending/blend.py``); decoding is ``generation.decode``.
+request path; the blend's order lives in ``blending/blend.py``); decoding is ``generation.lockstep`` (one batched forward per step for every answer).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from .blending.head import DEFAULT_BYTES, HeadCache
 from .blending.selection import Selector
 from .chunk_kv import ChunkKV
 from .config import BlendConfig
-from .generation.decode import Decoding, GenerationStream, Prefilled, eos_ids
+from .generation.decode import Decoding, Prefilled, eos_ids
+from .generation.lockstep import decode_many
+from .generation.stream import GenerationStream
 from .models import bundled
 from .models.adapter import adapt
 from .models.loading import load_pretrained
@@ -193,3 +195,14 @@ class BlendEngine:
         """Decodes from an existing prefill (its KV is copied, so it can be decoded again), with
         ``generate``'s sampling options and ``stop``; timings count from this call."""
         return self._stream(lambda t0: prefilled, Decoding.of(max_new_tokens=max_new_tokens, **sampling)).consume()
+
+    def generate_many(self, prefilled: Sequence[Prefilled], *, max_new_tokens: int = 256, max_batch: int = 16,
+                      **sampling: Any) -> list[Generation]:
+        """``generate_from`` for several prefills of this engine, decoded together: each step is one
+        forward for up to ``max_batch`` unfinished answers (the next joins as one finishes), which
+        on a CPU costs about one answer's step. Answers in ``prefilled``'s order, each with
+        ``generate_from``'s options; greedy answers are ``generate_from``'s up to fp32 round-off
+        (a batched product sums in another order). Times count from this call."""
+        decoding = Decoding.of(max_new_tokens=max_new_tokens, **sampling)
+        with self.kv.clock.busy():
+            return decode_many(prefilled, decoding, self.tokenizer, self.eos_ids, self.context_window, max_batch)

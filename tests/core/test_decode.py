@@ -1,5 +1,6 @@
 """Decoding: stop strings, streaming, sampling determinism."""
 
+import pytest
 import torch
 
 from cacheblend.generation.decode import Sampling, TextTracker
@@ -100,3 +101,39 @@ def test_decoding_shares_the_prefill_kv_without_writing_it(make_engine):
     assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(pre.output.kv, before))
     again = engine.generate_from(pre, max_new_tokens=10)
     assert again.token_ids == first.token_ids and len(first.token_ids) > 0
+
+
+def test_generate_many_answers_each_prefill_as_generate_from(make_engine):
+    """Five prefills (blended and full, two orders, different questions) decoded two at a time, the
+    next joining when one finishes: every answer is ``generate_from``'s, token for token, with its
+    finish reason and its own prefill's stats; greedy, with a stop string that ends some answers
+    early, and seeded sampling (each answer its own generator, as if decoded alone)."""
+    engine = make_engine()
+    engine.warm(CHUNKS)
+    pres = [engine.prefill(chunks=CHUNKS[::step], query=q, recompute_ratio=ratio)
+            for q, step, ratio in [("Where is the code?", 1, 0.15), ("Is the clock right?", -1, 0.15),
+                                   ("q", 1, 1.0), ("What hangs in the hall?", -1, 0.5), ("Why?", 1, 0.0)]]
+    stop = engine.generate_from(pres[1], max_new_tokens=12).text.split()[4]  # a word mid-answer
+    for options in [dict(max_new_tokens=12), dict(max_new_tokens=12, stop=[stop]),
+                    dict(max_new_tokens=8, temperature=1.0, top_k=50, seed=3)]:
+        alone = [engine.generate_from(p, **options) for p in pres]
+        together = engine.generate_many(pres, max_batch=2, **options)
+        assert [g.token_ids for g in together] == [g.token_ids for g in alone], options
+        assert [g.text for g in together] == [g.text for g in alone]
+        for a, b, p in zip(together, alone, pres):
+            assert (a.stats.finish_reason, a.stats.completion_tokens) == (b.stats.finish_reason, b.stats.completion_tokens)
+            assert a.stats.recomputed_tokens == p.stats.recomputed_tokens and a.stats.ttft_s <= a.stats.total_s
+    lengths = [g.stats.completion_tokens for g in engine.generate_many(pres, max_new_tokens=12, stop=[stop])]
+    assert len(set(lengths)) > 1, lengths  # answers left the batch at different steps
+    assert engine.generate_many([]) == []
+
+
+def test_generate_many_refuses_a_bad_batch_and_prefills_of_another_model(make_engine):
+    engine, other = make_engine(), make_engine(family="qwen2")
+    pre = engine.prefill(chunks=CHUNKS, query="q")
+    with pytest.raises(ValueError, match="max_batch"):
+        engine.generate_many([pre], max_batch=0)
+    with pytest.raises(ValueError, match="same engine"):
+        engine.generate_many([pre, other.prefill(chunks=CHUNKS, query="q")])
+    with pytest.raises(ValueError, match="unknown generation option"):
+        engine.generate_many([pre], temprature=0.5)

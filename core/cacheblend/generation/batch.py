@@ -1,7 +1,8 @@
 """Batched decoding: one forward per step for every active sequence; the only decode step.
 
-The library's ``GenerationStream`` decodes through it with one slot, the server's scheduler
-with one slot per active request, so both share one decode path (transformers' own ``forward``
+The decode loop (``lockstep.Lockstep``) steps its answers through it: one slot for a streamed
+answer, one per prefill for ``generate_many``, one per active request in the server, so all share
+one decode path (transformers' own ``forward``
 stays only as the tests' reference and in ``Prefilled.continuation_logits``, a quality measure).
 
 Each active sequence owns a slot: one row of per-layer K/V buffers ``[slots, kv_heads, capacity,

@@ -1,16 +1,14 @@
-"""Decoding from a prefilled cache: the prefill result, sampling, stop strings, text streaming.
+"""What decoding works with: the prefill result, sampling, stop strings, the decoding options.
 
-Decoding is ordinary: each step runs the HF model on one token with the blended cache handed in.
 Stop strings may span several tokens; streamed text holds back any tail that could still turn
 into a stop string or that ends inside a multi-byte character, so a consumer never sees text
-that the final answer does not contain.
+that the final answer does not contain. The decode loop itself is ``lockstep.py`` (one batched
+forward per step for every answer); ``stream.py`` streams one answer through it.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -20,7 +18,7 @@ from ..blending.blend import BlendOutput
 from ..models.adapter import ModelAdapter
 from .batch import SlotKV
 from .doubt import Doubt
-from ..result import BlendStats, Generation
+from ..result import BlendStats
 
 
 @dataclass(frozen=True)
@@ -105,26 +103,6 @@ class TextTracker:
         return end
 
 
-def decode_tokens(step, first_logits: torch.Tensor, sampling: Sampling, max_new_tokens: int,
-                  review=None) -> Iterator[int]:
-    """Yields up to ``max_new_tokens`` token ids; the caller stops at EOS or a stop string.
-
-    ``step(token_id) -> logits`` advances the model by one token; it is called lazily, only when
-    the next token is asked for. ``review(logits, tokens) -> logits``, when given, sees each step's
-    logits and the tokens picked so far before the pick, and may answer other logits (the doubt gate).
-    """
-    gen = sampling.generator(first_logits.device)
-    logits, tokens = first_logits, []
-    for i in range(max_new_tokens):
-        if review is not None:
-            logits = review(logits, tokens)
-        token = sampling.pick(logits, gen)
-        tokens.append(token)
-        yield token
-        if i + 1 < max_new_tokens:
-            logits = step(token)
-
-
 @dataclass
 class Prefilled:
     """A prompt after (blended) prefill: per-layer KV, last-token logits, ids and stats."""
@@ -207,82 +185,3 @@ class Decoding:
             known = ", ".join(("max_new_tokens", "stop", *SAMPLING_FIELDS))
             raise ValueError(f"unknown generation option(s) {', '.join(unknown)}; known: {known}")
         return cls(max_new_tokens, Sampling(**sampling), stop)
-
-
-class GenerationStream:
-    """An iterator of text pieces; after exhaustion ``result`` is the whole Generation.
-
-    Work starts at the first ``next()``; ``ttft_s`` and ``total_s`` count from there.
-    """
-
-    def __init__(
-        self, prefill, decoding: Decoding, tokenizer: Any, eos_ids: set[int], window: int, busy=nullcontext
-    ) -> None:
-        """``prefill(started) -> Prefilled`` runs lazily, at the first ``next()``; ``busy()`` is a
-        context held from then until the last piece (the engine's ``IdleClock``: no background
-        warming while a generation runs)."""
-        self.result: Generation | None = None
-        self._it = self._busy(busy, self._run(prefill, decoding, tokenizer, eos_ids, window))
-
-    @staticmethod
-    def _busy(busy, pieces: Iterator[str]) -> Iterator[str]:
-        with busy():
-            yield from pieces
-
-    def __iter__(self) -> Iterator[str]:
-        return self._it
-
-    def __next__(self) -> str:
-        return next(self._it)
-
-    def consume(self) -> Generation:
-        for _ in self._it:
-            pass
-        return self.result
-
-    def _run(self, prefill, decoding: Decoding, tokenizer, eos_ids, window) -> Iterator[str]:
-        started = time.perf_counter()
-        pre = prefill(started)
-        stats, n = replace(pre.stats), len(pre.ids)
-        limit = min(decoding.max_new_tokens, window - n)
-        tracker, slots = TextTracker(tokenizer, decoding.stop), None
-
-        def step(token: int) -> torch.Tensor:
-            """One decode step through the batched step the server runs (a batch of one); the
-            prompt's KV is copied into its slot at the first step, after the first token."""
-            nonlocal slots
-            if slots is None:
-                slots = SlotKV(pre.adapter, 1)
-                slots.add(pre.output.kv)
-            return slots.step([token])[0]
-
-        def review(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
-            """The doubt gate: in doubt, decode on from the prompt prefilled again."""
-            nonlocal pre, slots, stats
-            if pre.doubt is None or not pre.doubt.doubts(logits):
-                return logits
-            pre = pre.redone(len(tokens))
-            stats = replace(pre.stats, ttft_s=stats.ttft_s, finish_reason=stats.finish_reason)
-            slots, logits = pre.resume(tokens)
-            return logits
-
-        stats.finish_reason = "length"
-        for i, token in enumerate(decode_tokens(step, pre.output.logits, decoding.sampling, limit, review)):
-            if i == 0:
-                stats.ttft_s = time.perf_counter() - started
-            if token in eos_ids:
-                stats.finish_reason = "stop"
-                break
-            tracker.push(token)
-            if tracker.stopped:
-                stats.finish_reason = "stop"
-                break
-            piece = tracker.delta(final=False)
-            if piece:
-                yield piece
-        piece = tracker.delta(final=True)
-        if piece:
-            yield piece
-        stats.completion_tokens = len(tracker.ids)
-        stats.total_s = time.perf_counter() - started
-        self.result = Generation(tracker.text, stats, tracker.ids)

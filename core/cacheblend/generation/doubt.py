@@ -5,8 +5,8 @@ probability barely exceeds the second's; the blend's answer then often differs f
 prefill's (docs/DOUBT-GATE.md measures how well this predicts it). At such a step the prompt is
 prefilled again at ``doubt_ratio`` (a full prefill by default), the tokens already sent are fed
 after it, and decoding goes on from that cache: once per request, so a request costs at most two
-prefills. The library's decode loop (``decode.GenerationStream``) and the server's model thread
-(``serving/scheduler.py``) both go through ``Prefilled.redone`` and ``Prefilled.resume``.
+prefills. The decode loop (``lockstep.Lockstep``: the library's streams, ``generate_many`` and the
+server's model thread) fires it through ``Prefilled.redone`` and ``Prefilled.resume``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One thread owns the model. It takes work from a bounded queue: waiting requests are prefilled
 (blended, one after another) between decode steps and join the batch; every step then runs ONE
-forward for all active sequences (``SlotKV.step``).
+forward for all active sequences (``generation.lockstep.Lockstep``, the decode loop the library shares).
 
 Prefills go first, as in vLLM's scheduler: before each decode step the thread admits waiting
 requests while slots are free, until the prefills of this round have computed
@@ -39,23 +39,11 @@ from typing import Any
 
 import torch
 
-from ..generation.decode import Prefilled, TextTracker
-from ..result import BlendStats
-from ..generation.batch import SlotKV
+from ..generation.decode import Decoding
+from ..generation.lockstep import Answer, Lockstep
 from ..warm_on_miss import MissQueue, Preempted
 from .jobs import Event, Job, QueueFull
 from .metrics import Metrics
-
-
-@dataclass
-class _Sequence:
-    job: Job
-    tracker: TextTracker
-    generator: Any
-    limit: int
-    stats: BlendStats
-    next_token: int = -1
-    gated: Prefilled | None = None  # the prefill whose doubt gate may still fire (None: no gate, or it fired)
 
 
 @dataclass
@@ -90,8 +78,7 @@ class Scheduler:
         # a request's documents are warmed before its prefill, and misses stay misses
         self.warm, self.misses = warm_on_miss, MissQueue() if warm_on_miss is not None else None
         self._pending: queue.Queue = queue.Queue(maxsize=max_queue)
-        self._active: list[_Sequence] = []
-        self._slots = SlotKV(engine.adapter, max_batch)
+        self._batch = self._lockstep()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cacheblend-model", daemon=True)
 
@@ -109,7 +96,7 @@ class Scheduler:
 
     @property
     def active(self) -> int:
-        return len(self._active)
+        return len(self._batch.active)
 
     def submit(self, job: Job) -> asyncio.Queue:
         """Queues ``job``; returns the asyncio queue of its events. Raises QueueFull."""
@@ -150,12 +137,12 @@ class Scheduler:
         """One round: admit waiting work within the prefill budget, then one decode step; with
         nothing waiting or decoding, warm one missed chunk instead."""
         self._drop_cancelled()
-        if not self._active and self._pending.empty() and self.misses is not None and self.misses.warm_one(self.warm, self._yield):
+        if not self._batch.active and self._pending.empty() and self.misses is not None and self.misses.warm_one(self.warm, self._yield):
             return
         budget = self.max_prefill_tokens
-        while len(self._active) < self.max_batch and budget > 0:
+        while self._batch.free and budget > 0:
             try:  # block briefly only when there is nothing to decode
-                item = self._pending.get(timeout=0.05) if not self._active else self._pending.get_nowait()
+                item = self._pending.get(timeout=0.05) if not self._batch.active else self._pending.get_nowait()
             except queue.Empty:
                 break
             finally:
@@ -170,14 +157,16 @@ class Scheduler:
             except Exception as exc:
                 item.emit(Event("error", error=exc))
                 raise
-        if self._active:
+        if self._batch.active:
             self._step()
 
+    def _lockstep(self) -> Lockstep:
+        return Lockstep(self.engine.adapter, self.max_batch, self.engine.eos_ids, on_redo=self.metrics.redone)
+
     def _fail_all(self, exc: Exception) -> None:
-        for seq in self._active:
-            seq.job.emit(Event("error", error=exc))
-        self._active = []
-        self._slots = SlotKV(self.engine.adapter, self.max_batch)
+        for answer in self._batch.active:
+            answer.tag.emit(Event("error", error=exc))
+        self._batch = self._lockstep()
 
     def _run_call(self, call: _Call) -> None:
         try:
@@ -193,92 +182,40 @@ class Scheduler:
             if job.documents:
                 engine.kv.expect(job.documents) if self.misses is not None else engine.warm(job.documents)
             request = engine.request(job.prompt)  # searched for chunks and tokenized once
-            n = len(request.ids)
             pre = engine.prefill(request, recompute_ratio=job.recompute_ratio)
             if self.misses is not None:
                 self.misses.offer(pre.missed)
         except Exception as exc:  # bad input or a model failure: the request fails, the server goes on
             job.emit(Event("error", error=exc))
             return 1
-        limit = engine.context_window - n
-        seq = _Sequence(
-            job,
-            TextTracker(engine.tokenizer, job.stop),
-            job.sampling.generator(pre.output.logits.device),
-            min(job.max_tokens, limit) if job.max_tokens else limit,
-            replace(pre.stats),
-            gated=pre if pre.doubt is not None else None,
-        )
+        decoding = Decoding(job.max_tokens or engine.context_window, job.sampling, job.stop)
+        answer = Answer.of(pre, decoding, engine.tokenizer, engine.context_window, job.arrived, tag=job)
         self.metrics.prefilled(pre.stats)
-        logits, spent = pre.output.logits, pre.stats.recomputed_tokens
-        if seq.gated is not None and pre.doubt.doubts(logits):  # in doubt at the first token
-            pre, logits = self._redo(seq, None)
-            spent += pre.stats.recomputed_tokens
-        job.emit(Event("start", stats=replace(seq.stats)))
-        if not self._advance(seq, logits):
-            self._slots.add(pre.output.kv)
-            self._active.append(seq)
-        return max(1, spent)
+        piece = self._batch.admit(answer, pre)  # the first token (the doubt gate may redo the prefill first)
+        if answer.next_token >= 0:
+            self.metrics.first_token(answer.stats.ttft_s)
+        job.emit(Event("start", stats=replace(answer.stats)))
+        self._emit(answer, piece)
+        redone = answer.stats.recomputed_tokens if answer.stats.doubt_step is not None else 0
+        return max(1, pre.stats.recomputed_tokens + redone)
 
-    def _redo(self, seq: _Sequence, slot: int | None) -> tuple[Prefilled, torch.Tensor]:
-        """The doubt gate of ``seq`` fires: its prompt prefilled again (``Prefilled.redone``) and the
-        tokens it has decoded fed after it, into its ``slot`` when it has one. Returns the new
-        prefill and the logits of the next pick."""
-        again = seq.gated.redone(len(seq.tracker.ids))
-        seq.gated, seq.stats = None, replace(again.stats, ttft_s=seq.stats.ttft_s)
-        one, logits = again.resume(seq.tracker.ids)
-        if slot is not None:
-            self._slots.put(slot, one.held(0) if one is not None else again.output.kv)
-        self.metrics.redone(again.stats)
-        return again, logits
-
-    def _advance(self, seq: _Sequence, logits) -> bool:
-        """Samples the next token of ``seq`` from ``logits`` [vocab]; emits text; True when finished."""
-        token = seq.job.sampling.pick(logits, seq.generator)
-        tracker, stats = seq.tracker, seq.stats
-        if not tracker.ids and seq.next_token < 0:
-            stats.ttft_s = time.perf_counter() - seq.job.arrived
-            self.metrics.first_token(stats.ttft_s)
-        seq.next_token = token
-        finish = None
-        if token in self.engine.eos_ids:
-            finish = "stop"
-        else:
-            tracker.push(token)
-            if tracker.stopped:
-                finish = "stop"
-            elif len(tracker.ids) >= seq.limit:
-                finish = "length"
-        piece = tracker.delta(final=finish is not None)
+    def _emit(self, answer: Answer, piece: str) -> None:
+        """The events (and metrics) of ``answer``'s latest token: its text, and 'done' when it ended."""
+        job, stats = answer.tag, answer.stats
         if piece:
-            seq.job.emit(Event("text", text=piece))
-        if finish is not None:
-            stats.finish_reason = finish
-            stats.completion_tokens = len(tracker.ids)
-            stats.total_s = time.perf_counter() - seq.job.arrived
+            job.emit(Event("text", text=piece))
+        if answer.done:
             self.metrics.completed(stats)
-            seq.job.emit(Event("done", stats=stats))
-        return finish is not None
+            job.emit(Event("done", stats=stats))
 
     def _step(self) -> None:
-        """One batched forward for every active sequence, then sampling per row."""
+        """One batched forward for every active answer, then sampling per row."""
         started = time.perf_counter()
-        logits = self._slots.step([s.next_token for s in self._active])  # [B, vocab]
-        self.metrics.decode_step(len(self._active), time.perf_counter() - started)
-        finished = []
-        for i, seq in enumerate(self._active):
-            row = logits[i]
-            if seq.gated is not None and seq.gated.doubt.doubts(row):  # the doubt gate: decode on from a redo
-                _, row = self._redo(seq, i)
-            if self._advance(seq, row):
-                finished.append(i)
-        self._free(finished)
+        batch = len(self._batch.active)
+        stepped = self._batch.step()
+        self.metrics.decode_step(batch, time.perf_counter() - started)
+        for answer, piece in stepped:
+            self._emit(answer, piece)
 
     def _drop_cancelled(self) -> None:
-        self._free([i for i, seq in enumerate(self._active) if seq.job.cancelled.is_set()])
-
-    def _free(self, rows: list[int]) -> None:
-        for i in sorted(rows, reverse=True):  # the last slot moves into i, as in SlotKV.remove
-            self._slots.remove(i)
-            self._active[i] = self._active[-1]
-            self._active.pop()
+        self._batch.drop([i for i, a in enumerate(self._batch.active) if a.tag.cancelled.is_set()])

@@ -1,0 +1,168 @@
+"""Answers decoded in lockstep: each step is ONE forward for every unfinished answer (``SlotKV.step``),
+then each answer picks its own next token (its sampling, EOS, stop strings, length, doubt gate).
+
+This is the package's one decode loop: ``GenerationStream`` runs it with one answer,
+``BlendEngine.generate_many`` with a list of prefills, the server's scheduler with the requests it
+has admitted. On a CPU a decode step of one answer reads every weight to compute one row, so its
+time is the memory's, not the arithmetic's: answers stepped together share that read.
+
+An answer takes a slot (a copy of its prompt's KV) only after its first token is picked, so the
+copy is never on the first token's path, and an answer that ends at its first token takes none.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..models.adapter import ModelAdapter
+from ..result import BlendStats, Generation
+from .batch import SlotKV
+from .decode import Decoding, Prefilled, Sampling, TextTracker
+
+
+@dataclass
+class Answer:
+    """One answer being decoded: the text so far, how it picks, and its stats (its prefill's, then
+    the doubt gate's second prefill's when that fires; ``ttft_s`` and ``total_s`` from ``started``)."""
+
+    tracker: TextTracker
+    sampling: Sampling
+    generator: torch.Generator | None
+    limit: int  # at most this many tokens (max_new_tokens, or what the context window leaves)
+    stats: BlendStats
+    started: float  # time.perf_counter() its TTFT and total time count from
+    gated: Prefilled | None = None  # the prefill whose doubt gate may still fire (None: no gate, or it fired)
+    next_token: int = -1
+    done: bool = False
+    tag: Any = None  # the caller's own (the scheduler's job)
+
+    @classmethod
+    def of(cls, pre: Prefilled, decoding: Decoding, tokenizer: Any, window: int, started: float,
+           tag: Any = None) -> Answer:
+        """The answer to decode after ``pre``: at most ``decoding.max_new_tokens`` tokens and what
+        the context ``window`` leaves."""
+        sampling = decoding.sampling
+        return cls(TextTracker(tokenizer, list(decoding.stop)), sampling, sampling.generator(pre.output.logits.device),
+                   min(decoding.max_new_tokens, window - len(pre.ids)), replace(pre.stats, finish_reason="length"),
+                   started, pre if pre.doubt is not None else None, tag=tag)
+
+    @property
+    def generation(self) -> Generation:
+        return Generation(self.tracker.text, self.stats, self.tracker.ids)
+
+
+class Lockstep:
+    """Up to ``slots`` answers decoding together over one ``SlotKV``; see the module docstring.
+    ``on_redo(stats)`` hears of every second prefill the doubt gate makes (the server's metrics)."""
+
+    def __init__(self, adapter: ModelAdapter, slots: int, eos_ids: set[int],
+                 on_redo: Callable[[BlendStats], None] | None = None) -> None:
+        self.kv = SlotKV(adapter, slots)
+        self.eos_ids = eos_ids
+        self.on_redo = on_redo
+        self.active: list[Answer] = []  # active[i] decodes in slot i
+
+    @property
+    def free(self) -> int:
+        return self.kv.slots - len(self.active)
+
+    def admit(self, answer: Answer, pre: Prefilled) -> str:
+        """Picks ``answer``'s first token from ``pre``'s logits (after its doubt gate looks) and gives
+        it a slot unless that token ends it. Returns the text it made safe to emit."""
+        if answer.limit <= 0:  # the prompt fills the context window: nothing can be decoded
+            return self._finish(answer, "length")
+        logits = pre.output.logits
+        if answer.gated is not None and pre.doubt.doubts(logits):  # in doubt at the first token
+            pre, logits = self._redo(answer, None)
+        piece = self._pick(answer, logits)
+        if not answer.done:
+            if not self.free:
+                raise RuntimeError("every slot is taken")
+            self.kv.add(pre.output.kv)
+            self.active.append(answer)
+        return piece
+
+    def step(self) -> list[tuple[Answer, str]]:
+        """One batched forward for every active answer, then each picks its token; the finished ones
+        leave the batch. Returns every answer stepped with the text it made safe to emit."""
+        logits = self.kv.step([a.next_token for a in self.active])  # [B, vocab]
+        out = []
+        for i, answer in enumerate(self.active):
+            row = logits[i]
+            if answer.gated is not None and answer.gated.doubt.doubts(row):  # decode on from a redo
+                _, row = self._redo(answer, i)
+            out.append((answer, self._pick(answer, row)))
+        self.drop([i for i, a in enumerate(self.active) if a.done])
+        return out
+
+    def drop(self, rows: list[int]) -> None:
+        """Frees the slots of ``rows`` (finished or cancelled answers)."""
+        for i in sorted(rows, reverse=True):  # the last slot moves into i, as in SlotKV.remove
+            self.kv.remove(i)
+            self.active[i] = self.active[-1]
+            self.active.pop()
+
+    def _redo(self, answer: Answer, slot: int | None) -> tuple[Prefilled, torch.Tensor]:
+        """The doubt gate fires: the prompt prefilled again (``Prefilled.redone``) and the tokens
+        decoded so far fed after it, into ``slot`` when the answer has one. Returns the new prefill
+        and the logits of the next pick."""
+        again = answer.gated.redone(len(answer.tracker.ids))
+        answer.gated, answer.stats = None, replace(again.stats, ttft_s=answer.stats.ttft_s, finish_reason="length")
+        one, logits = again.resume(answer.tracker.ids)
+        if slot is not None:
+            self.kv.put(slot, one.held(0) if one is not None else again.output.kv)
+        if self.on_redo is not None:
+            self.on_redo(again.stats)
+        return again, logits
+
+    def _pick(self, answer: Answer, logits: torch.Tensor) -> str:
+        """Samples ``answer``'s next token from ``logits`` [vocab]; returns the text it made safe."""
+        token = answer.sampling.pick(logits, answer.generator)
+        tracker = answer.tracker
+        if answer.next_token < 0:
+            answer.stats.ttft_s = time.perf_counter() - answer.started
+        answer.next_token = token
+        if token in self.eos_ids:
+            return self._finish(answer, "stop")
+        tracker.push(token)
+        if tracker.stopped:
+            return self._finish(answer, "stop")
+        if len(tracker.ids) >= answer.limit:
+            return self._finish(answer, "length")
+        return tracker.delta(final=False)
+
+    @staticmethod
+    def _finish(answer: Answer, reason: str) -> str:
+        stats = answer.stats
+        stats.finish_reason, stats.completion_tokens = reason, len(answer.tracker.ids)
+        stats.total_s = time.perf_counter() - answer.started
+        answer.done = True
+        return answer.tracker.delta(final=True)
+
+
+def decode_many(prefilled: Sequence[Prefilled], decoding: Decoding, tokenizer: Any, eos_ids: set[int],
+                window: int, max_batch: int) -> list[Generation]:
+    """Every prefill's answer, ``max_batch`` of them decoding at once and the next one joining as
+    one finishes; times count from this call. Answers in the order of ``prefilled``."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    if not prefilled:
+        return []
+    adapter = prefilled[0].adapter
+    if any(p.adapter is not adapter for p in prefilled):
+        raise ValueError("every prefill must come from the same engine (one model)")
+    started = time.perf_counter()
+    answers = [Answer.of(p, decoding, tokenizer, window, started) for p in prefilled]
+    waiting = list(zip(answers, prefilled))[::-1]
+    lock = Lockstep(adapter, min(max_batch, len(prefilled)), eos_ids)
+    while waiting or lock.active:
+        while waiting and lock.free:
+            lock.admit(*waiting.pop())
+        if lock.active:
+            lock.step()
+    return [a.generation for a in answers]
