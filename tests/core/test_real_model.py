@@ -67,10 +67,11 @@ def test_deviation_selection_beats_full_reuse_and_random(fresh_real_engine, pydo
         engine.warm(pydoc_chunks)
         kl = {name: [] for name in configs}
         agree = {name: [] for name in configs}
-        for order in [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]:
-            req = dict(chunks=[pydoc_chunks[i] for i in order], query="Summarize what these passages explain.")
-            full = engine.prefill(**req, recompute_ratio=1.0)
-            answer = engine.generate_from(full, max_new_tokens=ANSWER).token_ids
+        reqs = [dict(chunks=[pydoc_chunks[i] for i in order], query="Summarize what these passages explain.")
+                for order in [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]]
+        fulls = [engine.prefill(**req, recompute_ratio=1.0) for req in reqs]
+        answers = engine.generate_many(fulls, max_new_tokens=ANSWER)  # decoded together
+        for req, full, answer in zip(reqs, fulls, (a.token_ids for a in answers)):
             for name, cfg in configs.items():
                 pre = engine.prefill(**req, config=cfg.with_kv_of(engine.config))
                 assert pre.stats.chunk_hits == 4
@@ -193,10 +194,10 @@ def test_default_deviation_beats_query_attention_and_full_reuse_on_generated_fac
     configs = {"default": BlendConfig(neighbours=0), "query": BlendConfig(selector="query"), "reuse": BlendConfig(ratios=(0.0,))}
     assert configs["default"].selector == "deviation"
     kl = {name: [] for name in configs}
-    for q in qs:
-        req = dict(chunks=q.passages, query=q.question, prefix="Answer briefly from the passages.")
-        full = real_engine.prefill(**req, recompute_ratio=1.0)
-        answer = real_engine.generate_from(full, max_new_tokens=ANSWER, stop=["."]).token_ids
+    reqs = [dict(chunks=q.passages, query=q.question, prefix="Answer briefly from the passages.") for q in qs]
+    fulls = [real_engine.prefill(**req, recompute_ratio=1.0) for req in reqs]
+    answers = real_engine.generate_many(fulls, max_new_tokens=ANSWER, stop=["."])  # decoded together
+    for req, full, answer in zip(reqs, fulls, (a.token_ids for a in answers)):
         for name, cfg in configs.items():
             kl[name].append(answer_kl(full, real_engine.prefill(**req, config=cfg.with_kv_of(real_engine.config)), answer))
     mean_kl = {k: statistics.mean(v) for k, v in kl.items()}
