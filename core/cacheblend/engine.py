@@ -199,8 +199,8 @@ class BlendEngine:
     def generate_many(self, prefilled: Sequence[Prefilled], *, max_new_tokens: int = 256, max_batch: int = 16,
                       **sampling: Any) -> list[Generation]:
         """``generate_from`` for several prefills of this engine, decoded together: each step is one
-        forward for up to ``max_batch`` unfinished answers (the next joins as one finishes), which
-        on a CPU costs about one answer's step. Answers in ``prefilled``'s order, each with
+        forward for up to ``max_batch`` unfinished answers (the next joins as one finishes), so the
+        answers share each step's read of the weights. Answers in ``prefilled``'s order, each with
         ``generate_from``'s options; greedy answers are ``generate_from``'s up to fp32 round-off
         (a batched product sums in another order). Times count from this call."""
         decoding = Decoding.of(max_new_tokens=max_new_tokens, **sampling)
