@@ -66,6 +66,7 @@ class Lockstep:
         self.eos_ids = eos_ids
         self.on_redo = on_redo
         self.active: list[Answer] = []  # active[i] decodes in slot i
+        self.forward_s = 0.0  # the last step's batched forward alone (no picks, no doubt-gate redo)
 
     @property
     def free(self) -> int:
@@ -90,7 +91,9 @@ class Lockstep:
     def step(self) -> list[tuple[Answer, str]]:
         """One batched forward for every active answer, then each picks its token; the finished ones
         leave the batch. Returns every answer stepped with the text it made safe to emit."""
+        started = time.perf_counter()
         logits = self.kv.step([a.next_token for a in self.active])  # [B, vocab]
+        self.forward_s = time.perf_counter() - started
         out = []
         for i, answer in enumerate(self.active):
             row = logits[i]
