@@ -7,7 +7,8 @@
 
 It wires two components and holds no algorithm: ``chunk_kv.ChunkKV`` (what keys chunk KV, the
 tiers, the texts looked for in prompts, warming, warm on miss) and ``prefilling.Prefiller`` (the
-request path; the blend's order lives in ``blending/blend.py``); decoding is ``generation.lockstep`` (one batched forward per step for every answer).
+request path; the blend's order lives in ``blending/blend.py``); decoding is ``generation.lockstep``
+(one batched forward per step for every answer).
 """
 
 from __future__ import annotations

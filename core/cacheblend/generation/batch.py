@@ -2,8 +2,8 @@
 
 The decode loop (``lockstep.Lockstep``) steps its answers through it: one slot for a streamed
 answer, one per prefill for ``generate_many``, one per active request in the server, so all share
-one decode path (transformers' own ``forward``
-stays only as the tests' reference and in ``Prefilled.continuation_logits``, a quality measure).
+one decode path (transformers' own ``forward`` stays only as the tests' reference and in
+``Prefilled.continuation_logits``, a quality measure).
 
 Each active sequence owns a slot: one row of per-layer K/V buffers ``[slots, kv_heads, capacity,
 head_dim]`` holding its prompt's (blended) KV and every token decoded since. Active sequences are
