@@ -95,8 +95,8 @@ class Lookups(NamedTuple):
 def lookups(engine, settings: dict, answer_tokens: int = 24) -> Lookups:
     """The 24 lookups on ``engine``, its whole pool warmed here in one call. ``settings`` maps a name
     to (passage order, ``engine.prefill`` keywords), e.g. ``(ORDER, {"recompute_ratio": 0.0})`` for
-    full reuse of the same records. Answers are decoded together (``engine.generate_many``: on a
-    CPU a decode step of one answer costs about as much as one of many)."""
+    full reuse of the same records. Answers are decoded together (``engine.generate_many``: the
+    answers share each step's read of the weights; docs/runs/decode_many.json: 2.75x on 8 answers)."""
     import torch
 
     from cacheblend.tools.quality import mean_kl

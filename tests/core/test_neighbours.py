@@ -208,7 +208,7 @@ def test_real_model_default_warming_blends_closer_to_full_prefill(real_engine):
     kl = {"reuse": [], "alone": [], "plain": [], "default": []}
     reqs = [dict(chunks=q.passages, query=q.question, prefix="Answer briefly from the passages.") for q in qs]
     fulls = [real_engine.prefill(**req, recompute_ratio=1.0) for req in reqs]
-    refs = real_engine.generate_many(fulls, max_new_tokens=16)  # decoded together: a step costs about one's
+    refs = real_engine.generate_many(fulls, max_new_tokens=16)  # decoded together (generate_many)
     for q, req, full, ref in zip(qs, reqs, fulls, refs):
         for name, pre in (
             ("reuse", alone.prefill(**req, recompute_ratio=0.0)),
