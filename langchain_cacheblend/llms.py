@@ -8,6 +8,10 @@ models there is no template and the prompt is always raw).
 Callbacks: unlike ``BaseChatModel``, ``BaseLLM.stream()`` does not fire ``on_llm_new_token``
 for the chunks ``_stream`` yields (langchain-core 1.8), so here both ``_stream`` and
 ``_generate`` fire it, once per text piece.
+
+Batches: ``llm.batch(prompts)`` and ``llm.generate(prompts)`` hand every prompt to one
+``_generate``, which reads their streams in turn (``cacheblend.integrations.interleave``): the
+prefills run one after another, and the answers share the engine's decode steps.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from langchain_core.language_models import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import Field
 
-from cacheblend.integrations import Usage, iterate_in_thread
+from cacheblend.integrations import Usage, interleave, iterate_in_thread
 
 from .params import CacheBlendParams, Finished, response_metadata, usage_metadata
 
@@ -66,13 +70,12 @@ class CacheBlendLLM(CacheBlendParams, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        done = []
-        for prompt in prompts:
-            for event in self._events(prompt, stop, kwargs):
-                if isinstance(event, Finished):
-                    done.append(event)
-                elif run_manager:
-                    run_manager.on_llm_new_token(event, chunk=GenerationChunk(text=event))
+        done: list[Finished] = [None] * len(prompts)
+        for i, event in interleave([self._events(p, stop, kwargs) for p in prompts]):
+            if isinstance(event, Finished):
+                done[i] = event
+            elif run_manager:
+                run_manager.on_llm_new_token(event, chunk=GenerationChunk(text=event))
         return _result(done)
 
     async def _agenerate(
@@ -82,13 +85,13 @@ class CacheBlendLLM(CacheBlendParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        done = []
-        for prompt in prompts:
-            async for event in iterate_in_thread(lambda p=prompt: self._events(p, stop, kwargs)):
-                if isinstance(event, Finished):
-                    done.append(event)
-                elif run_manager:
-                    await run_manager.on_llm_new_token(event, chunk=GenerationChunk(text=event))
+        done: list[Finished] = [None] * len(prompts)
+        events = iterate_in_thread(lambda: interleave([self._events(p, stop, kwargs) for p in prompts]))
+        async for i, event in events:
+            if isinstance(event, Finished):
+                done[i] = event
+            elif run_manager:
+                await run_manager.on_llm_new_token(event, chunk=GenerationChunk(text=event))
         return _result(done)
 
     def _stream(

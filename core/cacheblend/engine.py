@@ -25,6 +25,7 @@ from .chunk_kv import ChunkKV
 from .config import BlendConfig
 from .generation.decode import Decoding, Prefilled, eos_ids
 from .generation.lockstep import decode_many
+from .generation.shared import SharedDecode
 from .generation.stream import GenerationStream
 from .models import bundled
 from .models.adapter import adapt
@@ -43,7 +44,9 @@ class BlendEngine:
     ``warm_on_miss``: a chunk a prefill finds in no tier is warmed afterwards on a background
     thread while no generation runs (``cacheblend.warm_on_miss``), so the next prompt holding it hits.
     ``head_bytes``: what the head cache keeps of prompt heads' exact K/V (the tokens before the
-    first chunk, computed once per head: ``blending/head.py``); 0 turns it off."""
+    first chunk, computed once per head: ``blending/head.py``); 0 turns it off.
+    ``decode_batch``: how many answers whose decoding overlaps (``stream``/``generate`` from several
+    threads, or read in turn) share each decode step (``generation/shared.py``); 1 decodes one at a time."""
 
     def __init__(
         self,
@@ -56,6 +59,7 @@ class BlendEngine:
         name: str | None = None,
         warm_on_miss: bool = False,
         head_bytes: int = DEFAULT_BYTES,
+        decode_batch: int = 16,
     ) -> None:
         config = config or BlendConfig()
         self.adapter, self.tokenizer = adapt(model), tokenizer
@@ -63,6 +67,7 @@ class BlendEngine:
         self.kv = kv = ChunkKV(self.adapter, tokenizer, config, memory_bytes)  # fingerprint, tiers, finder, warmer
         self.prefiller = Prefiller(self.adapter, kv.encode, kv.records, config, selector, HeadCache(head_bytes))
         self.eos_ids = eos_ids(model, tokenizer)
+        self.decoder = SharedDecode(self.adapter, self.eos_ids, decode_batch)  # overlapping answers share steps
         self.requests = RequestBuilder(tokenizer, kv.finder, self.context_window, kv.lock)
         if warm_on_miss:
             kv.enable_warm_on_miss()
@@ -184,7 +189,7 @@ class BlendEngine:
         return self._stream(lambda t0: self._prefill(request, recompute_ratio, None, t0), decoding)
 
     def _stream(self, prefill, decoding: Decoding) -> GenerationStream:
-        return GenerationStream(prefill, decoding, self.tokenizer, self.eos_ids, self.context_window, self.kv.clock.busy)
+        return GenerationStream(prefill, decoding, self.tokenizer, self.context_window, self.decoder, self.kv.clock.busy)
 
     def generate(self, prompt: str | Request | None = None, **kwargs: Any) -> Generation:
         """Generates an answer from ``prompt`` (a string or a ``Request``) or ``chunks``/``query``/

@@ -14,10 +14,10 @@ def tokenizer(bundled_dir):
 
 @pytest.fixture
 def make_engine(tokenizer):
-    def make(family: str = "llama", rope: dict | None = None, **config) -> BlendEngine:
+    def make(family: str = "llama", rope: dict | None = None, decode_batch: int = 16, **config) -> BlendEngine:
         config.setdefault("kv_dtype", "float32")
         config.setdefault("neighbours", 0)  # exactness tests need chunks warmed alone; test_neighbours sets it
-        return BlendEngine(tiny_model(family, rope), tokenizer, config=BlendConfig(**config))
+        return BlendEngine(tiny_model(family, rope), tokenizer, config=BlendConfig(**config), decode_batch=decode_batch)
 
     return make
 

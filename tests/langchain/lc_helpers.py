@@ -1,5 +1,6 @@
 """Helpers shared by the LangChain tests (a plain module: conftest files are not importable)."""
 
+import functools
 import itertools
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -50,6 +51,21 @@ class TokenRecorder(BaseCallbackHandler):
 
     def pieces(self):
         return [t for run in self.tokens.values() for t in run if t]
+
+
+def interleaves(pieces, texts) -> bool:
+    """True when ``pieces``, in their order, deal out into one run per text whose joins are ``texts``
+    (the token callbacks of answers that decoded together)."""
+
+    @functools.cache
+    def fits(k, done):  # done[j]: characters of texts[j] dealt so far
+        if k == len(pieces):
+            return all(d == len(t) for d, t in zip(done, texts))
+        piece = pieces[k]
+        return any(text.startswith(piece, done[j]) and fits(k + 1, done[:j] + (done[j] + len(piece),) + done[j + 1:])
+                   for j, text in enumerate(texts))
+
+    return fits(0, (0,) * len(texts))
 
 
 SYSTEM_PROMPT = "Answer the question using only this documentation.\n\n{context}"

@@ -105,6 +105,8 @@ def test_token_callbacks_fire_exactly_once_per_piece_on_every_path():
     rec = TokenRecorder()
     batch = model.batch([QUESTION, [HumanMessage("Name a colour.")]], config={"callbacks": [rec]})
     assert sorted(rec.texts()) == sorted(m.content for m in batch)
+    # batch runs invoke on threads; their answers decode in the engine's shared batch, each its own
+    assert batch[0].content == out.content and batch[1].content == model.invoke([HumanMessage("Name a colour.")]).content
 
     rec = TokenRecorder()  # the v3 protocol path hands _stream a run manager and fires no tokens itself
     events = model.stream_events(QUESTION, version="v3", config={"callbacks": [rec]})

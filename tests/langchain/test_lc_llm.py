@@ -8,7 +8,7 @@ pin "exactly once" on every path so that a change on either side shows up.
 import pytest
 from langchain_core.prompts import PromptTemplate
 
-from lc_helpers import TokenRecorder, format_docs
+from lc_helpers import TokenRecorder, format_docs, interleaves
 
 from langchain_cacheblend import CacheBlendLLM
 
@@ -37,14 +37,41 @@ def test_token_callbacks_fire_exactly_once_on_sync_paths():
     assert [t for run in rec.tokens.values() for t in run] == [p for p in pieces if p]
 
     # BaseLLM.batch sends all prompts through ONE _generate call that gets only the first run's
-    # callback manager (langchain-core: "TODO: support multiple run managers"): every token still
-    # fires once, in order, but all under the first run. max_concurrency=1 gives one run each.
+    # callback manager (langchain-core: "TODO: support multiple run managers"), and the answers
+    # decode together: every token still fires once, in its answer's order, all under the first
+    # run, the answers' tokens interleaved. max_concurrency=1 gives one run each.
     rec = TokenRecorder()
     outs = llm.batch([PROMPT, "Name a colour."], config={"callbacks": [rec]})
-    assert rec.texts() == ["".join(outs)]
+    assert len(rec.tokens) == 1 and interleaves(list(rec.tokens.values())[0], outs)
     rec = TokenRecorder()
     outs = llm.batch([PROMPT, "Name a colour."], config={"callbacks": [rec], "max_concurrency": 1})
     assert rec.texts() == outs
+
+
+def test_a_batch_decodes_its_answers_together_and_each_is_its_answer_alone(engine):
+    """``generate``/``batch`` (one ``_generate`` for every prompt) give each prompt the answer and
+    usage it gets alone, and the answers shared the engine's decode steps."""
+    llm = CacheBlendLLM(max_tokens=10)
+    prompts = [PROMPT, "Name a colour.", "Count to five."]
+    steps = engine.decoder.steps
+    alone = [llm.generate([p]).generations[0][0] for p in prompts]
+    steps, alone_steps = engine.decoder.steps, engine.decoder.steps - steps
+    together = [g[0] for g in llm.generate(prompts).generations]
+    assert [g.text for g in together] == [g.text for g in alone]
+    assert [g.generation_info["usage"] for g in together] == [g.generation_info["usage"] for g in alone]
+    # alone, the steps of every answer one after another; together, about the longest answer's
+    assert engine.decoder.steps - steps <= 9 + len(prompts) < alone_steps
+    assert llm.batch(prompts) == [g.text for g in alone]
+
+
+async def test_a_batch_decodes_together_on_the_async_path_too(engine):
+    llm = CacheBlendLLM(max_tokens=10)
+    prompts = [PROMPT, "Name a colour."]
+    steps = engine.decoder.steps
+    alone = [llm.invoke(p) for p in prompts]
+    steps, alone_steps = engine.decoder.steps, engine.decoder.steps - steps
+    assert await llm.abatch(prompts) == alone
+    assert engine.decoder.steps - steps <= 9 + len(prompts) < alone_steps
 
 
 async def test_token_callbacks_fire_exactly_once_on_async_paths():

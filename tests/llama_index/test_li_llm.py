@@ -3,6 +3,8 @@ does not block the loop, usage that LlamaIndex's token counting reads, and refus
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
@@ -57,6 +59,21 @@ async def test_async_forms_match_and_leave_the_event_loop_free(llm):
     assert done.text == reference == pieces[-1].text == chat.message.content == chat_pieces[-1].message.content
     assert "".join(r.delta for r in pieces) == reference
     assert pieces[-1].raw["usage"]["prompt_tokens"] == done.raw["usage"]["prompt_tokens"]
+
+
+async def test_concurrent_async_calls_answer_as_one_after_another(llm):
+    """``asyncio.gather`` of streamed completions: each reads its stream on worker threads, their
+    answers decode in the engine's shared batch, and each is the answer it gets alone."""
+    questions = [QUESTION, "Name a colour.", "Count to five."]
+    alone = [llm.complete(q) for q in questions]
+
+    async def collect(question):
+        return [r async for r in await llm.astream_complete(question)]
+
+    together = await asyncio.gather(*(collect(q) for q in questions))
+    assert [t[-1].text for t in together] == [a.text for a in alone]
+    assert [t[-1].raw["usage"] for t in together] == [a.raw["usage"] for a in alone]
+    assert llm.engine.decoder.active == 0
 
 
 def test_token_counting_handler_reads_the_models_own_counts(llm):

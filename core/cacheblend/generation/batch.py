@@ -5,7 +5,7 @@ answer, one per prefill for ``generate_many``, one per active request in the ser
 one decode path (transformers' own ``forward`` stays only as the tests' reference and in
 ``Prefilled.continuation_logits``, a quality measure).
 
-Each active sequence owns a slot: one row of per-layer K/V buffers ``[slots, kv_heads, capacity,
+Each active sequence owns a slot: one row of per-layer K/V buffers ``[rows, kv_heads, capacity,
 head_dim]`` holding its prompt's (blended) KV and every token decoded since. Active sequences are
 kept in slots ``0..count-1`` (a finished one is replaced by the last), so a step works on views of
 the first rows, never on a gathered copy. Rows have different lengths: attention masks each row to
@@ -31,6 +31,7 @@ class SlotKV:
         self.adapter = adapter
         self.slots = slots
         self.capacity = 0
+        self.rows = 0  # slots the buffers hold so far
         self.count = 0
         self.lengths: list[int] = []  # tokens held per active slot
         self.k: list[torch.Tensor] = []  # per layer [slots, Hkv, capacity, d], keys after RoPE
@@ -40,19 +41,26 @@ class SlotKV:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def _ensure(self, need: int) -> None:
-        """Grows the buffers to hold ``need`` positions per slot (copying what they hold)."""
-        if need <= self.capacity:
+    def _ensure(self, need: int, rows: int = 0) -> None:
+        """Grows the buffers to hold ``need`` positions in each of ``rows`` slots (copying what they
+        hold). Rows are allocated as slots fill (doubling, up to ``slots``), so a loop allowed many
+        answers but running one holds one row."""
+        if need <= self.capacity and rows <= self.rows:
             return
-        cap = min(max(need, 2 * self.capacity), self.adapter.max_positions)
-        cap = max(need, -(-cap // _ROUND) * _ROUND)
+        cap = self.capacity
+        if need > cap:
+            cap = min(max(need, 2 * cap), self.adapter.max_positions)
+            cap = max(need, -(-cap // _ROUND) * _ROUND)
+        held = self.rows
+        if rows > held:
+            self.rows = min(self.slots, max(rows, 2 * held))
         a = self.adapter
-        shape = (self.slots, a.num_kv_heads, cap, a.head_dim)
+        shape = (self.rows, a.num_kv_heads, cap, a.head_dim)
         for buffers in (self.k, self.v):
             for layer in range(a.num_layers):
                 new = torch.zeros(shape, dtype=a.dtype, device=a.device)
                 if buffers and self.capacity:
-                    new[:, :, : self.capacity] = buffers[layer]
+                    new[:held, :, : self.capacity] = buffers[layer]
                 if len(buffers) < a.num_layers:
                     buffers.append(new)
                 else:
@@ -75,7 +83,7 @@ class SlotKV:
         if not 0 <= slot < self.count:
             raise ValueError(f"slot {slot} is not active ({self.count} are)")
         n = kv[0][0].shape[2]
-        self._ensure(n + 1)
+        self._ensure(n + 1, self.count)
         for layer, (k, v) in enumerate(kv):
             self.k[layer][slot, :, :n] = k[0]
             self.v[layer][slot, :, :n] = v[0]

@@ -73,18 +73,28 @@ class Lockstep:
         return self.kv.slots - len(self.active)
 
     def admit(self, answer: Answer, pre: Prefilled) -> str:
-        """Picks ``answer``'s first token from ``pre``'s logits (after its doubt gate looks) and gives
-        it a slot unless that token ends it. Returns the text it made safe to emit."""
+        """Picks ``answer``'s first token (``first``) and gives it a slot unless that token ends it
+        (``seat``). Returns the text it made safe to emit."""
+        piece, pre = self.first(answer, pre)
+        if not answer.done:
+            self.seat(answer, pre)
+        return piece
+
+    def first(self, answer: Answer, pre: Prefilled) -> tuple[str, Prefilled]:
+        """Picks ``answer``'s first token from ``pre``'s logits, after its doubt gate looks; touches
+        no slot, so it may run while another thread steps the batch. Returns the text it made safe
+        and the prefill to seat (the gate's second one when it fired)."""
         if answer.limit <= 0:  # the prompt fills the context window: nothing can be decoded
-            return self._finish(answer, "length")
+            return self._finish(answer, "length"), pre
         logits = pre.output.logits
         if answer.gated is not None and pre.doubt.doubts(logits):  # in doubt at the first token
             pre, logits = self._redo(answer, None)
-        piece = self._pick(answer, logits)
-        if not answer.done:
-            self.kv.add(pre.output.kv)  # RuntimeError when every slot is taken
-            self.active.append(answer)
-        return piece
+        return self._pick(answer, logits), pre
+
+    def seat(self, answer: Answer, pre: Prefilled) -> None:
+        """Gives ``answer`` (its first token picked) a slot holding ``pre``'s KV; it joins the next step."""
+        self.kv.add(pre.output.kv)  # RuntimeError when every slot is taken
+        self.active.append(answer)
 
     def step(self) -> list[tuple[Answer, str]]:
         """One batched forward for every active answer, then each picks its token; the finished ones

@@ -1,7 +1,8 @@
 """One answer streamed as text pieces: the library's ``engine.stream``/``generate``/``generate_from``.
 
-It decodes through the package's one decode loop (``lockstep.Lockstep``) with a single slot, so
-a streamed answer and an answer the server batches with others take the same steps.
+It decodes through the package's one decode loop (``lockstep.Lockstep``), in the engine's shared
+batch (``shared.SharedDecode``): streams that overlap in time share each decode step, and a stream
+alone takes the steps a one-answer loop takes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from ..result import Generation
 from .decode import Decoding
-from .lockstep import Answer, Lockstep
+from .lockstep import Answer
+from .shared import SharedDecode
 
 
 class GenerationStream:
@@ -23,13 +25,13 @@ class GenerationStream:
     """
 
     def __init__(
-        self, prefill, decoding: Decoding, tokenizer: Any, eos_ids: set[int], window: int, busy=nullcontext
+        self, prefill, decoding: Decoding, tokenizer: Any, window: int, decoder: SharedDecode, busy=nullcontext
     ) -> None:
-        """``prefill(started) -> Prefilled`` runs lazily, at the first ``next()``; ``busy()`` is a
-        context held from then until the last piece (the engine's ``IdleClock``: no background
-        warming while a generation runs)."""
+        """``prefill(started) -> Prefilled`` runs lazily, at the first ``next()``; ``decoder`` is the
+        engine's shared batch; ``busy()`` is a context held from then until the last piece (the
+        engine's ``IdleClock``: no background warming while a generation runs)."""
         self.result: Generation | None = None
-        self._it = self._busy(busy, self._run(prefill, decoding, tokenizer, eos_ids, window))
+        self._it = self._busy(busy, self._run(prefill, decoding, tokenizer, window, decoder))
 
     @staticmethod
     def _busy(busy, pieces: Iterator[str]) -> Iterator[str]:
@@ -47,16 +49,13 @@ class GenerationStream:
             pass
         return self.result
 
-    def _run(self, prefill, decoding: Decoding, tokenizer, eos_ids, window) -> Iterator[str]:
+    def close(self) -> None:
+        """Stops the answer (its seat in the shared batch is freed); ``result`` stays None."""
+        self._it.close()
+
+    def _run(self, prefill, decoding: Decoding, tokenizer, window, decoder: SharedDecode) -> Iterator[str]:
         started = time.perf_counter()
         pre = prefill(started)
         answer = Answer.of(pre, decoding, tokenizer, window, started)
-        lock = Lockstep(pre.adapter, 1, eos_ids)
-        piece = lock.admit(answer, pre)
-        while True:
-            if piece:
-                yield piece
-            if answer.done:
-                break
-            ((_, piece),) = lock.step()
+        yield from decoder.answer(answer, pre)
         self.result = answer.generation

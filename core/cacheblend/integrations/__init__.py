@@ -3,7 +3,8 @@ besides ``cacheblend``'s own public names).
 
 - ``EngineFields``: the model and sampling fields of every framework LLM class (pydantic mixin).
 - ``Usage``: BlendStats as token usage (OpenAI's shape via ``.openai()``; cached tokens).
-- ``iterate_in_thread``: the async bridge from a blocking engine stream to an event loop.
+- ``iterate_in_thread``: the async bridge from a blocking engine stream to an event loop;
+  ``interleave``: several streams read in turn, so that their answers share decode steps.
 - ``SentenceEncoder`` / ``bundled_embedding_path``: offline sentence embeddings.
 - ``warm_fitting`` / ``warmable`` / ``MIN_CHARS`` / ``ChunkTooLongWarning``: how an index warms
   what it adds (short texts skipped, over-long ones skipped with a warning, never a lost batch);
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .embeddings import SentenceEncoder, bundled_embedding_path
     from .fields import EngineFields
     from .persistence import KV_DIR, kv_store_dir, read_json, unstored_texts, write_json
-    from .threads import iterate_in_thread
+    from .threads import interleave, iterate_in_thread
     from .usage import Usage
     from .warming import MIN_CHARS, ChunkTooLongWarning, WarmCap, warm_fitting, warmable
 
@@ -38,6 +39,7 @@ _EXPORTS = {
     "Usage": "usage",
     "WarmCap": "warming",
     "bundled_embedding_path": "embeddings",
+    "interleave": "threads",
     "iterate_in_thread": "threads",
     "kv_store_dir": "persistence",
     "read_json": "persistence",

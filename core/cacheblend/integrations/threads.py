@@ -1,4 +1,5 @@
-"""The async bridge: a blocking engine stream consumed from an event loop.
+"""How the integrations read engine streams: from an event loop (``iterate_in_thread``), and
+several at once so that their answers share decode steps (``interleave``).
 
 A prefill is seconds of wall time, so async framework methods must not run the engine on the
 event loop. ``iterate_in_thread`` runs each step (building the iterator, then every ``next``) in
@@ -9,14 +10,15 @@ Thread safety: the steps of one stream run one at a time, never overlapping, but
 the same worker thread. That is safe: every engine step is a self-contained call (it enters
 ``torch.inference_mode`` itself and keeps no per-thread state between steps), and the engine
 guards its stores and chunk finder with a lock, so several streams may also run at once on
-different threads. Nothing runs ahead of the consumer: a consumer that stops early stops the
-stream after the step in progress.
+different threads; their answers then decode in the engine's shared batch (a step run for one
+reader steps the others' answers too, their pieces kept until read). A stream closed or dropped
+before its end frees its seat after the step in progress.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,3 +38,27 @@ async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
         if item is _DONE:
             return
         yield item
+
+
+def interleave(iterators: Sequence[Iterator[T]]) -> Iterator[tuple[int, T]]:
+    """``(i, item)`` from every iterator in turn until all are exhausted (items must not be None).
+
+    Engine streams read this way decode together: each read of one runs the engine's shared decode
+    step for every answer seated in it (``cacheblend.generation.shared``), so N answers take about
+    the steps of the longest instead of the sum. Each stream's prefill runs at its first read, one
+    after another. Whatever is left unread is closed at the end (an early exit frees the seats).
+    """
+    live = list(enumerate(iterators))
+    try:
+        while live:
+            for entry in list(live):
+                item = next(entry[1], None)
+                if item is None:
+                    live.remove(entry)
+                else:
+                    yield entry[0], item
+    finally:
+        for _, it in live:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
