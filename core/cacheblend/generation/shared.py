@@ -10,6 +10,12 @@ reads, and an answer whose reader stopped is stepped to its end or dropped when 
 An answer alone in the batch takes the steps a one-answer loop takes (one row, the same products);
 answers that share a step are equal to those up to fp32 round-off (a batched product sums in
 another order). The batch's buffers are freed when its last answer leaves.
+
+Prefills and steps take turns (``exclusive``): the streams' prefills run one at a time, and a step
+waits for the prefill in progress, then runs before the next one. Run side by side they would
+only split the cores (a CPU forward is compute-bound, and one forward already uses every core),
+so each would take longer and the answers would drift apart instead of sharing steps; taking
+turns, a prefill delays the answers decoding by its time once, and they decode on between prefills.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..models.adapter import ModelAdapter
 from .decode import Prefilled
@@ -44,6 +51,7 @@ class SharedDecode:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.adapter, self.eos_ids, self.max_batch = adapter, eos_ids, max_batch
         self._cond = threading.Condition()
+        self._model = threading.Lock()  # held by a prefill or a step: they take turns
         self._picker = Lockstep(adapter, 1, eos_ids)  # first tokens only: never seated, never stepped
         self._batch = Lockstep(adapter, max_batch, eos_ids)
         self._stepping = False
@@ -55,9 +63,14 @@ class SharedDecode:
         with self._cond:
             return len(self._batch.active)
 
+    def exclusive(self, fn, *args: Any) -> Any:
+        """``fn(*args)`` (a prefill) with the model to itself: no step or other prefill runs meanwhile."""
+        with self._model:
+            return fn(*args)
+
     def answer(self, answer: Answer, pre: Prefilled) -> Iterator[str]:
         """``answer``'s text pieces: its first token's from ``pre``, then the shared steps'."""
-        piece, pre = self._picker.first(answer, pre)
+        piece, pre = self.exclusive(self._picker.first, answer, pre)  # the doubt gate may prefill again
         if piece:
             yield piece
         if answer.done:
@@ -110,7 +123,8 @@ class SharedDecode:
         error = None
         self._cond.release()
         try:
-            stepped = batch.step()
+            with self._model:
+                stepped = batch.step()
         except BaseException as exc:  # noqa: BLE001 - handed to every reader of the batch
             stepped, error = [], exc
         finally:

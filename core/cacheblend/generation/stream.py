@@ -55,7 +55,7 @@ class GenerationStream:
 
     def _run(self, prefill, decoding: Decoding, tokenizer, window, decoder: SharedDecode) -> Iterator[str]:
         started = time.perf_counter()
-        pre = prefill(started)
+        pre = decoder.exclusive(prefill, started)  # prefills and decode steps take turns
         answer = Answer.of(pre, decoding, tokenizer, window, started)
         yield from decoder.answer(answer, pre)
         self.result = answer.generation
