@@ -11,11 +11,12 @@ An answer alone in the batch takes the steps a one-answer loop takes (one row, t
 answers that share a step are equal to those up to fp32 round-off (a batched product sums in
 another order). The batch's buffers are freed when its last answer leaves.
 
-Prefills and steps take turns (``exclusive``): the streams' prefills run one at a time, and a step
-waits for the prefill in progress, then runs before the next one. Run side by side they would
-only split the cores (a CPU forward is compute-bound, and one forward already uses every core),
-so each would take longer and the answers would drift apart instead of sharing steps; taking
-turns, a prefill delays the answers decoding by its time once, and they decode on between prefills.
+Prefills and steps take turns (``exclusive``): side by side they would only split the cores (a CPU
+forward is compute-bound and one forward already uses every core). Prefills go first, as in the
+server's scheduler: a step waits while prefills are queued, so answers that arrive together are
+all seated before the batch moves on, until the prefills since the last step have computed
+``prefill_budget`` tokens (the server's ``max_prefill_tokens``), which bounds how long a stream of
+arrivals stalls the answers already decoding.
 """
 
 from __future__ import annotations
@@ -46,12 +47,15 @@ class SharedDecode:
     answer waits for a seat, stepping the batch meanwhile). ``steps``, ``rows`` and ``peak``
     count the batched steps, the answers they stepped, and the most seated at once."""
 
-    def __init__(self, adapter: ModelAdapter, eos_ids: set[int], max_batch: int = 16) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.adapter, self.eos_ids, self.max_batch = adapter, eos_ids, max_batch
+    def __init__(self, adapter: ModelAdapter, eos_ids: set[int], max_batch: int = 16,
+                 prefill_budget: int = 4096) -> None:
+        if max_batch < 1 or prefill_budget < 1:
+            raise ValueError(f"max_batch and prefill_budget must be >= 1, got {max_batch} and {prefill_budget}")
+        self.adapter, self.eos_ids, self.max_batch, self.prefill_budget = adapter, eos_ids, max_batch, prefill_budget
         self._cond = threading.Condition()
         self._model = threading.Lock()  # held by a prefill or a step: they take turns
+        self._queued = 0  # prefills waiting for or holding the model
+        self._spent = 0  # tokens the prefills since the last step computed
         self._picker = Lockstep(adapter, 1, eos_ids)  # first tokens only: never seated, never stepped
         self._batch = Lockstep(adapter, max_batch, eos_ids)
         self._stepping = False
@@ -64,9 +68,21 @@ class SharedDecode:
             return len(self._batch.active)
 
     def exclusive(self, fn, *args: Any) -> Any:
-        """``fn(*args)`` (a prefill) with the model to itself: no step or other prefill runs meanwhile."""
-        with self._model:
-            return fn(*args)
+        """``fn(*args)`` (a prefill) with the model to itself: no step or other prefill runs meanwhile,
+        and no step starts while it waits (within the prefill budget)."""
+        with self._cond:
+            self._queued += 1
+        out = None
+        try:
+            with self._model:
+                out = fn(*args)
+            return out
+        finally:
+            with self._cond:
+                self._queued -= 1
+                if isinstance(out, Prefilled):
+                    self._spent += out.stats.recomputed_tokens
+                self._cond.notify_all()
 
     def answer(self, answer: Answer, pre: Prefilled) -> Iterator[str]:
         """``answer``'s text pieces: its first token's from ``pre``, then the shared steps'."""
@@ -111,7 +127,8 @@ class SharedDecode:
     def _drive(self, ready) -> None:
         """With the lock held: until ``ready()``, runs the next step whenever no one else is."""
         while not ready():
-            if self._stepping or not self._batch.active:
+            prefills_first = self._queued and self._spent < self.prefill_budget
+            if self._stepping or not self._batch.active or prefills_first:
                 self._cond.wait()
             else:
                 self._step()
@@ -119,7 +136,7 @@ class SharedDecode:
     def _step(self) -> None:
         """One batched step, run without the lock (readers keep posting and seating waits); its
         pieces posted to the mailboxes. A failed step fails every answer in it."""
-        batch, self._stepping = self._batch, True
+        batch, self._stepping, self._spent = self._batch, True, 0
         error = None
         self._cond.release()
         try:
