@@ -121,3 +121,36 @@ def test_a_failed_step_fails_every_answer_in_it_and_the_batch_recovers(engine, m
     assert calls[1] == 2 and engine.decoder.active == 0
     monkeypatch.setattr(SlotKV, "step", real)
     assert engine.generate(**ASKS[2], max_new_tokens=12).token_ids == alone[2].token_ids
+
+
+def _in_thread(fn):
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_step_waits_for_a_queued_prefill(engine):
+    """Prefills go first: a reader that needs a step waits while a prefill holds the model and while
+    another waits for it (answers arriving together are seated before the batch moves), then steps."""
+    decoder = engine.decoder
+    stream = engine.stream(**ASKS[0], max_new_tokens=12)
+    got = [next(stream), next(stream)]  # seated, one step taken
+    holding, release = [threading.Event(), threading.Event()], [threading.Event(), threading.Event()]
+    first = _in_thread(lambda: decoder.exclusive(lambda: holding[0].set() or release[0].wait(30)))
+    assert holding[0].wait(30)
+    steps = decoder.steps
+    reader = _in_thread(lambda: got.append(next(stream)))
+    reader.join(0.3)
+    assert reader.is_alive() and decoder.steps == steps  # the model is held
+    second = _in_thread(lambda: decoder.exclusive(lambda: holding[1].set() or release[1].wait(30)))
+    second.join(0.3)  # queued after the reader
+    release[0].set()  # the queued prefill still goes before the step
+    assert holding[1].wait(30) and decoder.steps == steps
+    reader.join(0.3)
+    assert reader.is_alive()
+    release[1].set()
+    for thread in (first, second, reader):
+        thread.join(30)
+    assert not reader.is_alive() and decoder.steps == steps + 1 and len(got) == 3 and all(got)
+    stream.close()
+    assert decoder.active == 0
