@@ -3,18 +3,16 @@
 iterators read in turn (``cacheblend.integrations.interleave``) decode in one ``Lockstep``.
 
 Each answer picks its first token from its own prefill (nothing waits for the batch there), then
-takes a seat in the engine's batch. Whoever needs the next step has it run for every seated answer
-and posts each answer's text to its mailbox; no scheduler loop runs on its own: a reader that waits
-for text, or for a free seat, drives the step itself when no one else is, so the batch moves as long
-as anyone reads, and an answer whose reader stopped is stepped to its end or dropped when its
-stream closes.
+takes a seat in the engine's batch. Whoever needs the next step runs it for every seated answer and
+posts each answer's text to its mailbox; there is no model thread: a reader that waits for text, or
+for a free seat, runs the step itself when no one else is, so the batch moves as long as anyone
+reads, and an answer whose reader stopped is stepped to its end or dropped when its stream closes.
 An answer alone in the batch takes the steps a one-answer loop takes (one row, the same products);
 answers that share a step are equal to those up to fp32 round-off (a batched product sums in
 another order). The batch's buffers are freed when its last answer leaves.
 
-Prefills and steps take turns (``exclusive``) on one model thread: side by side they would only
-split the cores (a CPU forward is compute-bound and one forward already uses every core), and on one
-thread torch keeps one set of intra-op threads instead of one per calling thread. Prefills go first, as in the
+Prefills and steps take turns (``exclusive``): side by side they would only split the cores (a CPU
+forward is compute-bound and one forward already uses every core). Prefills go first, as in the
 server's scheduler: a step waits while prefills are queued, so answers that arrive together are
 all seated before the batch moves on, until the prefills since the last step have computed
 ``prefill_budget`` tokens (the server's ``max_prefill_tokens``), which bounds how long a stream of
@@ -26,7 +24,6 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,8 +53,7 @@ class SharedDecode:
             raise ValueError(f"max_batch and prefill_budget must be >= 1, got {max_batch} and {prefill_budget}")
         self.adapter, self.eos_ids, self.max_batch, self.prefill_budget = adapter, eos_ids, max_batch, prefill_budget
         self._cond = threading.Condition()
-        # prefills and steps run on this one thread, in turn: one set of torch's intra-op threads
-        self._model = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cacheblend-model")
+        self._model = threading.Lock()  # held by a prefill or a step: they take turns
         self._queued = 0  # prefills waiting for or holding the model
         self._spent = 0  # tokens the prefills since the last step computed
         self._picker = Lockstep(adapter, 1, eos_ids)  # first tokens only: never seated, never stepped
@@ -78,7 +74,8 @@ class SharedDecode:
             self._queued += 1
         out = None
         try:
-            out = self._model.submit(fn, *args).result()
+            with self._model:
+                out = fn(*args)
             return out
         finally:
             with self._cond:
@@ -143,7 +140,8 @@ class SharedDecode:
         error = None
         self._cond.release()
         try:
-            stepped = self._model.submit(batch.step).result()
+            with self._model:
+                stepped = batch.step()
         except BaseException as exc:  # noqa: BLE001 - handed to every reader of the batch
             stepped, error = [], exc
         finally:
