@@ -24,8 +24,8 @@ from .blending.selection import Selector
 from .chunk_kv import ChunkKV
 from .config import BlendConfig
 from .generation.decode import Decoding, Prefilled, eos_ids
-from .generation.lockstep import decode_many
 from .generation.shared import SharedDecode
+from .generation.turns import interleave
 from .generation.stream import GenerationStream
 from .models import bundled
 from .models.adapter import adapt
@@ -188,8 +188,9 @@ class BlendEngine:
         request, decoding = self.request(prompt, chunks=chunks, query=query, prefix=prefix), Decoding.of(**options)
         return self._stream(lambda t0: self._prefill(request, recompute_ratio, None, t0), decoding)
 
-    def _stream(self, prefill, decoding: Decoding) -> GenerationStream:
-        return GenerationStream(prefill, decoding, self.tokenizer, self.context_window, self.decoder, self.kv.clock.busy)
+    def _stream(self, prefill, decoding: Decoding, decoder: SharedDecode | None = None) -> GenerationStream:
+        return GenerationStream(prefill, decoding, self.tokenizer, self.context_window, decoder or self.decoder,
+                                self.kv.clock.busy)
 
     def generate(self, prompt: str | Request | None = None, **kwargs: Any) -> Generation:
         """Generates an answer from ``prompt`` (a string or a ``Request``) or ``chunks``/``query``/
@@ -208,7 +209,12 @@ class BlendEngine:
         forward for up to ``max_batch`` unfinished answers (the next joins as one finishes), so the
         answers share each step's read of the weights. Answers in ``prefilled``'s order, each with
         ``generate_from``'s options; greedy answers are ``generate_from``'s up to fp32 round-off
-        (a batched product sums in another order). Times count from this call."""
+        (a batched product sums in another order). Times count from each answer's first pick."""
         decoding = Decoding.of(max_new_tokens=max_new_tokens, **sampling)
-        with self.kv.clock.busy():
-            return decode_many(prefilled, decoding, self.tokenizer, self.eos_ids, self.context_window, max_batch)
+        if any(p.adapter is not self.adapter for p in prefilled):
+            raise ValueError("every prefill must come from the same engine (this one)")
+        decoder = SharedDecode(self.adapter, self.eos_ids, max_batch)  # its own batch of max_batch seats
+        streams = [self._stream(lambda t0, p=p: p, decoding, decoder) for p in prefilled]
+        for _ in interleave(streams):
+            pass
+        return [s.result for s in streams]

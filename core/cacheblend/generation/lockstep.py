@@ -1,10 +1,10 @@
 """Answers decoded in lockstep: each step is ONE forward for every unfinished answer (``SlotKV.step``),
 then each answer picks its own next token (its sampling, EOS, stop strings, length, doubt gate).
 
-This is the package's one decode loop: ``GenerationStream`` runs it with one answer,
-``BlendEngine.generate_many`` with a list of prefills, the server's scheduler with the requests it
-has admitted. On a CPU a decode step of one answer reads every weight to compute one row, so its
-time is the memory's, not the arithmetic's: answers stepped together share that read.
+This is the package's one decode loop: the engine's shared batch (``shared.SharedDecode``) runs it
+for every stream and for ``BlendEngine.generate_many``'s prefills, the server's scheduler for the
+requests it has admitted. On a CPU a decode step of one answer reads every weight to compute one
+row, so its time is the memory's, not the arithmetic's: answers stepped together share that read.
 
 An answer takes a slot (a copy of its prompt's KV) only after its first token is picked, so the
 copy is never on the first token's path, and an answer that ends at its first token takes none.
@@ -13,7 +13,7 @@ copy is never on the first token's path, and an answer that ends at its first to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -155,25 +155,3 @@ class Lockstep:
         answer.done = True
         return answer.tracker.delta(final=True)
 
-
-def decode_many(prefilled: Sequence[Prefilled], decoding: Decoding, tokenizer: Any, eos_ids: set[int],
-                window: int, max_batch: int) -> list[Generation]:
-    """Every prefill's answer, ``max_batch`` of them decoding at once and the next one joining as
-    one finishes; times count from this call. Answers in the order of ``prefilled``."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    if not prefilled:
-        return []
-    adapter = prefilled[0].adapter
-    if any(p.adapter is not adapter for p in prefilled):
-        raise ValueError("every prefill must come from the same engine (one model)")
-    started = time.perf_counter()
-    answers = [Answer.of(p, decoding, tokenizer, window, started) for p in prefilled]
-    waiting = list(zip(answers, prefilled))[::-1]
-    lock = Lockstep(adapter, min(max_batch, len(prefilled)), eos_ids)
-    while waiting or lock.active:
-        while waiting and lock.free:
-            lock.admit(*waiting.pop())
-        if lock.active:
-            lock.step()
-    return [a.generation for a in answers]

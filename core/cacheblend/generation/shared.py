@@ -85,26 +85,37 @@ class SharedDecode:
                 self._cond.notify_all()
 
     def answer(self, answer: Answer, pre: Prefilled) -> Iterator[str]:
-        """``answer``'s text pieces: its first token's from ``pre``, then the shared steps'."""
+        """``answer``'s text pieces: its first token's from ``pre``, then the shared steps'. It takes
+        its seat before its first piece when one is free at once (answers read in turn then all
+        join the first step), else at its next read."""
         piece, pre = self.exclusive(self._picker.first, answer, pre)  # the doubt gate may prefill again
-        if piece:
-            yield piece
         if answer.done:
+            if piece:
+                yield piece
             return
         box = _Mailbox()
         answer.tag = box
-        self._seat(answer, pre)
+        seated = self._seat(answer, pre, wait=False)
         try:
+            if piece:
+                yield piece
+            if not seated:
+                self._seat(answer, pre, wait=True)
             while (piece := self._next(box)) is not None:
                 yield piece
         finally:
             self._leave(answer, box)
 
-    def _seat(self, answer: Answer, pre: Prefilled) -> None:
+    def _seat(self, answer: Answer, pre: Prefilled, wait: bool) -> bool:
+        """Seats ``answer``: at once, or (``wait``) after stepping the batch until a seat is free."""
         with self._cond:
-            self._drive(lambda: not self._stepping and self._batch.free > 0)
+            if wait:
+                self._drive(lambda: not self._stepping and self._batch.free > 0)
+            elif self._stepping or not self._batch.free:
+                return False
             self._batch.seat(answer, pre)
             self.peak = max(self.peak, len(self._batch.active))
+            return True
 
     def _next(self, box: _Mailbox) -> str | None:
         """The next piece for ``box``'s answer; None once it has ended."""

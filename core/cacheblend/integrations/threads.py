@@ -1,5 +1,6 @@
 """How the integrations read engine streams: from an event loop (``iterate_in_thread``), and
-several at once so that their answers share decode steps (``interleave``).
+several at once so that their answers share decode steps (``interleave``, from
+``cacheblend.generation.turns``).
 
 A prefill is seconds of wall time, so async framework methods must not run the engine on the
 event loop. ``iterate_in_thread`` runs each step (building the iterator, then every ``next``) in
@@ -18,8 +19,12 @@ before its end frees its seat after the step in progress.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
+
+from ..generation.turns import interleave
+
+__all__ = ["interleave", "iterate_in_thread"]
 
 T = TypeVar("T")
 
@@ -39,26 +44,3 @@ async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
             return
         yield item
 
-
-def interleave(iterators: Sequence[Iterator[T]]) -> Iterator[tuple[int, T]]:
-    """``(i, item)`` from every iterator in turn until all are exhausted (items must not be None).
-
-    Engine streams read this way decode together: each read of one runs the engine's shared decode
-    step for every answer seated in it (``cacheblend.generation.shared``), so N answers take about
-    the steps of the longest instead of the sum. Each stream's prefill runs at its first read, one
-    after another. Whatever is left unread is closed at the end (an early exit frees the seats).
-    """
-    live = list(enumerate(iterators))
-    try:
-        while live:
-            for entry in list(live):
-                item = next(entry[1], None)
-                if item is None:
-                    live.remove(entry)
-                else:
-                    yield entry[0], item
-    finally:
-        for _, it in live:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
