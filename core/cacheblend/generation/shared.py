@@ -1,9 +1,9 @@
 """Answers of one engine that overlap in time share its decode steps: ``engine.stream`` and
 ``generate`` calls from several threads (LangChain's ``batch``, an event loop's workers) or
-iterators read in turn (``cacheblend.integrations.interleave``) decode in one ``Lockstep``.
+iterators read in turn (``turns.interleave``) decode in one ``Lockstep``.
 
-Each answer picks its first token from its own prefill (nothing waits for the batch there), then
-takes a seat in the engine's batch. Whoever needs the next step runs it for every seated answer and
+Each answer picks its first token from its own prefill (it waits for no seat to do so), then takes
+a seat in the engine's batch. Whoever needs the next step runs it for every seated answer and
 posts each answer's text to its mailbox; there is no model thread: a reader that waits for text, or
 for a free seat, runs the step itself when no one else is, so the batch moves as long as anyone
 reads, and an answer whose reader stopped is stepped to its end or dropped when its stream closes.
