@@ -7,10 +7,12 @@ Warms the passages of ``--prompts`` development fact questions (six passages eac
 question as one RAG prompt (an instruction, the passages, the question) three ways, per repeat:
 
 - ``invoke`` one after another (``ChatCacheBlend``): each answer's prefill, then its decode;
-- ``ChatCacheBlend.batch``: LangChain runs ``invoke`` on a thread pool; the answers whose decoding
-  overlaps share the engine's decode steps (``cacheblend.generation.shared``);
-- ``CacheBlendLLM.batch``: one ``_generate`` reads every stream in turn (``interleave``): the
-  prefills one after another, then the answers decode together.
+- ``ChatCacheBlend.batch``: it reads the inputs' ``stream()`` in turn (``interleave``): the prefills
+  one after another, then the answers decode together in the engine's shared batch;
+- ``ChatCacheBlend.batch`` with ``max_concurrency=6``: LangChain's own batch (``invoke`` on 6
+  threads, what a cache or ``return_exceptions`` also selects); the answers whose decoding overlaps
+  share the engine's steps (``cacheblend.generation.shared``);
+- ``CacheBlendLLM.batch``: one ``_generate`` reads every prompt's stream in turn.
 
 Times are wall clock from the call to the last answer, prefills included (the default blend, greedy,
 ``--answer-tokens`` at most). Prints each way's median, its speedup over one after another, and how
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         model=args.model, max_tokens=args.answer_tokens)
     ways = {
         "invoke one after another": lambda: [chat.invoke(p).content for p in prompts],
-        "ChatCacheBlend.batch (threads)": lambda: [m.content for m in chat.batch(prompts)],
+        "ChatCacheBlend.batch (read in turn)": lambda: [m.content for m in chat.batch(prompts)],
+        "ChatCacheBlend.batch, 6 threads": lambda: [m.content for m in chat.batch(prompts, {"max_concurrency": 6})],
         "CacheBlendLLM.batch (read in turn)": lambda: llm.batch(prompts),
     }
     seconds: dict[str, list[float]] = {name: [] for name in ways}

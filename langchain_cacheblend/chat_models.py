@@ -11,15 +11,24 @@ each chunk ``_stream`` yields and call ``_stream`` WITHOUT a run manager; the v3
 (``stream_events(version="v3")``) passes one and fires only ``on_stream_event``. So ``_stream``
 fires the token callback exactly when it is handed a run manager (which also matches older
 langchain-core, where ``stream()`` passed it and fired nothing), and ``_generate`` always does.
+
+``batch`` reads the inputs' ``stream()`` generators in turn (``cacheblend.integrations.interleave``):
+each input keeps its own run (callbacks, tracing), the prefills run one after another, and the
+answers share the engine's decode steps. Where only LangChain's own ``batch`` gives what the call
+asks (an LLM cache, ``return_exceptions``, ``max_concurrency``, streaming disabled), it runs that:
+``invoke`` on a thread pool, whose calls share the engine's steps too, less closely.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from functools import reduce
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
+from langchain_core.globals import get_llm_cache
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -29,11 +38,14 @@ from langchain_core.messages import (
     HumanMessage,
     SystemMessage,
     ToolMessage,
+    message_chunk_to_message,
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import get_config_list
 from pydantic import Field
 
-from cacheblend.integrations import iterate_in_thread
+from cacheblend.integrations import interleave, iterate_in_thread
 
 from .params import CacheBlendParams, Finished, response_metadata, usage_metadata
 
@@ -146,6 +158,25 @@ class ChatCacheBlend(CacheBlendParams, BaseChatModel):
             return engine.render_chat(chat)
 
         return self.generate_events(stop, kwargs, render)
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[BaseMessage]:
+        """Every input's answer, decoded together: see the module docstring."""
+        configs = get_config_list(config, len(inputs))
+        cached = self.cache is not False and (self.cache is not None or get_llm_cache() is not None)
+        if (len(inputs) < 2 or return_exceptions or cached or self.disable_streaming
+                or any(c.get("max_concurrency") is not None for c in configs)):
+            return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        chunks: list[list] = [[] for _ in inputs]
+        for i, chunk in interleave([self.stream(x, c, **kwargs) for x, c in zip(inputs, configs)]):
+            chunks[i].append(chunk)
+        return [message_chunk_to_message(reduce(operator.add, c)) for c in chunks]
 
     # -- sync --------------------------------------------------------------------------------
     def _generate(

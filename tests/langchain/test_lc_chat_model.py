@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from langchain_core.caches import InMemoryCache
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 
 from lc_helpers import TokenRecorder
@@ -111,6 +112,36 @@ def test_token_callbacks_fire_exactly_once_per_piece_on_every_path():
     rec = TokenRecorder()  # the v3 protocol path hands _stream a run manager and fires no tokens itself
     events = model.stream_events(QUESTION, version="v3", config={"callbacks": [rec]})
     assert list(events) and rec.texts() == [events.output.text] == [out.content]
+
+
+def test_batch_decodes_its_inputs_together_each_in_its_own_run(engine):
+    """``batch`` reads the inputs' streams in turn: each answer, its usage and finish reason are
+    ``invoke``'s, every input has its own run (tokens and end), and the answers took about the
+    longest one's decode steps, not the sum. With an LLM cache it is LangChain's own batch, and a
+    second batch is answered from the cache without a step."""
+    model = ChatCacheBlend(max_tokens=10)
+    inputs = [QUESTION, [HumanMessage("Name a colour.")], "Count to five."]
+    steps = engine.decoder.steps
+    alone = [model.invoke(x) for x in inputs]
+    steps, alone_steps = engine.decoder.steps, engine.decoder.steps - steps
+    rec = TokenRecorder()
+    together = model.batch(inputs, config={"callbacks": [rec]})
+    assert engine.decoder.steps - steps <= 9 + len(inputs) < alone_steps
+    assert all(type(m) is AIMessage for m in together)
+    assert [m.content for m in together] == [m.content for m in alone]
+    assert [m.usage_metadata for m in together] == [m.usage_metadata for m in alone]
+    for a, b in zip(together, alone):
+        assert {k: a.response_metadata[k] for k in ("finish_reason", "model_name", "model_provider")} == {
+            k: b.response_metadata[k] for k in ("finish_reason", "model_name", "model_provider")}
+        assert a.response_metadata["blend_stats"]["recomputed_tokens"] == b.response_metadata["blend_stats"]["recomputed_tokens"]
+    assert len(rec.tokens) == len(rec.results) == len(inputs)
+    assert sorted(rec.texts()) == sorted(m.content for m in together)
+
+    cached = ChatCacheBlend(max_tokens=10, cache=InMemoryCache())
+    first = cached.batch(inputs)
+    steps = engine.decoder.steps
+    assert [m.content for m in cached.batch(inputs)] == [m.content for m in first] == [m.content for m in alone]
+    assert engine.decoder.steps == steps
 
 
 async def test_async_paths_fire_callbacks_once_and_keep_the_loop_free(engine):
