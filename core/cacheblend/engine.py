@@ -25,8 +25,8 @@ from .chunk_kv import ChunkKV
 from .config import BlendConfig
 from .generation.decode import Decoding, Prefilled, eos_ids
 from .generation.shared import SharedDecode
-from .generation.turns import interleave
 from .generation.stream import GenerationStream
+from .generation.turns import interleave
 from .models import bundled
 from .models.adapter import adapt
 from .models.loading import load_pretrained
