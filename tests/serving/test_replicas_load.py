@@ -339,6 +339,15 @@ def _node_index(cluster: RedisClusterNodes, fingerprint: str, key: str) -> int:
     return next(i for i in range(n) if 16384 * i // n <= slot < 16384 * (i + 1) // n)
 
 
+def _nodes_report(cluster: RedisClusterNodes, dead: int) -> str:
+    lines = [f"node {dead} was killed; a live node refused a connection"]
+    for i, srv in enumerate(cluster.servers):
+        code = None if srv.proc is None else srv.proc.poll()
+        tail = (srv.workdir / "redis.log").read_text(errors="replace").splitlines()[-6:]
+        lines += [f"node {i} port {srv.port} exit {code}:"] + ["    " + t for t in tail]
+    return "\n".join(lines)
+
+
 def _wait_marked_failed(cluster: RedisClusterNodes, dead: int, timeout: float = 20.0) -> None:
     """Until every live node's CLUSTER NODES flags the dead node ``fail`` (not just ``fail?``)."""
     import redis
@@ -348,8 +357,11 @@ def _wait_marked_failed(cluster: RedisClusterNodes, dead: int, timeout: float = 
     deadline = time.monotonic() + timeout
     try:
         while True:
-            views = [next(line for line in admin.execute_command("CLUSTER", "NODES").decode().splitlines()
-                          if port in line) for admin in live]
+            try:
+                views = [next(line for line in admin.execute_command("CLUSTER", "NODES").decode().splitlines()
+                              if port in line) for admin in live]
+            except redis.ConnectionError as exc:  # a live node gone: say how it ended, with its log's tail
+                raise AssertionError(_nodes_report(cluster, dead)) from exc
             if all("fail" in line.split()[2].split(",") for line in views):
                 return
             assert time.monotonic() < deadline, f"the live nodes did not mark node {dead} failed: {views}"

