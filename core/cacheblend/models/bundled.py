@@ -12,6 +12,8 @@ assembled GGUF is deleted once converted.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -20,7 +22,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -85,7 +87,8 @@ def converted_dir(alias: str = ALIAS, *, site: Path | None = None, home: Path | 
     clock = [time.perf_counter()]
     with catalog.gguf(entry, target.parent, site) as gguf:
         clock.append(time.perf_counter())
-        model, tokenizer = load_model(str(gguf.parent), dtype="float32", gguf_file=gguf.name)
+        with _gguf_read_once():
+            model, tokenizer = load_model(str(gguf.parent), dtype="float32", gguf_file=gguf.name)
         clock.append(time.perf_counter())
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{alias}-"))
         try:
@@ -99,6 +102,23 @@ def converted_dir(alias: str = ALIAS, *, site: Path | None = None, home: Path | 
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def _gguf_read_once() -> Iterator[None]:
+    """transformers parses a GGUF file's header (the whole vocabulary) three times in one load, for
+    the tokenizer, the config and the weights, and builds gguf's tensor-name map once per submodule;
+    the same file parsed once and the map built once per architecture halve the load (SmolLM2 22 s to
+    11 s, Qwen 48 s to 28 s, on this machine) and give the same weights and tokenizer."""
+    import gguf
+
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=1)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=4)(names)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
 
 
 def _write_record(folder: Path, entry: catalog.CatalogModel, clock: list[float]) -> None:
@@ -144,8 +164,11 @@ def save_converted(model: Any, tokenizer: Any, target: str) -> None:
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = type(model)(config)
-    plain.load_state_dict(model.state_dict())
+    import torch
+
+    with torch.device("meta"):  # no random initialisation: every saved weight is the GGUF's
+        plain = type(model)(config)
+    plain.load_state_dict(model.state_dict(), assign=True)
     plain.save_pretrained(target)
     tokenizer.save_pretrained(target)
 
