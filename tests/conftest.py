@@ -22,7 +22,7 @@ def bundled_dir():
 @pytest.fixture(scope="session")
 def qwen_dir():
     """Qwen2.5-Coder-0.5B-Instruct as safetensors (assembled from six packages and converted on
-    the first run: about two minutes on 2 busy cores, docs/runs/convert_models.json)."""
+    the first run: about 30 s on 2 idle cores, docs/runs/convert_models.json)."""
     from cacheblend.models import bundled
 
     return bundled.converted_dir("qwen2.5-0.5b-instruct")
@@ -31,7 +31,7 @@ def qwen_dir():
 @pytest.fixture(scope="session")
 def gemma_dir():
     """Gemma 3 270M (base) as safetensors: the one place tests convert it (on the first run, about
-    100 s on 2 busy cores, docs/runs/convert_models.json; then cached)."""
+    30 s on 2 idle cores, docs/runs/convert_models.json; then cached)."""
     from cacheblend.models import bundled
 
     return bundled.converted_dir("gemma3-270m")

@@ -1,7 +1,7 @@
 """The catalogue's models as safetensors: each GGUF converted once, under the cache directory.
 
-transformers dequantizes a GGUF to fp32 on every load (36 to 87 s on 2 busy CPU cores, Gemma 3's
-262k-token vocabulary the slowest: docs/runs/convert_models.json), so the first use converts it: the
+transformers dequantizes a GGUF to fp32 on every load (12 to 28 s on 2 idle CPU cores with the
+header parsed once, docs/runs/convert_models.json), so the first use converts it: the
 GGUF is found or assembled from its pip packages and verified (``catalog``), loaded, and saved as
 safetensors into a temporary folder renamed into place, so an interrupted conversion leaves
 nothing behind (a killed one's leftovers are removed by the next) and two processes converting at
