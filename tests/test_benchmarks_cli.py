@@ -40,13 +40,41 @@ def test_runfile_is_the_only_module_and_every_script_is_listed_in_the_readme():
     assert "__main__" not in (BENCH / "runfile.py").read_text()
 
 
+_HELPS = """
+import contextlib, io, json, runpy, sys, traceback
+out = {}
+for path in sys.argv[1:]:
+    sys.argv = [path, "--help"]
+    stdout, stderr, code = io.StringIO(), io.StringIO(), None
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+        except Exception:  # this script fails alone, with its traceback
+            code = traceback.format_exc()
+    out[path] = [code, stdout.getvalue(), stderr.getvalue()]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, list]:
+    """Every script's ``--help`` as ``python benchmarks/X.py --help`` runs it, all in one fresh
+    interpreter (torch and transformers imported once, not once per script): name -> [exit code
+    (None: it returned without exiting), stdout, stderr]."""
+    proc = _run([sys.executable, "-c", _HELPS, *(str(BENCH / s) for s in SCRIPTS)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {Path(k).name: v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()}
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help_exits_before_any_work(script, tmp_path):
-    proc = _run([sys.executable, str(BENCH / script), "--help"], timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("usage:") and "--quick" in proc.stdout
-    assert ("--model" in proc.stdout) == (script not in NO_MODEL)
-    assert "Loading weights" not in proc.stderr  # no model was loaded
+def test_help_exits_before_any_work(script, helps):
+    code, stdout, stderr = helps[script]
+    assert code == 0, f"{code}\n{stderr}"
+    assert stdout.startswith("usage:") and "--quick" in stdout
+    assert ("--model" in stdout) == (script not in NO_MODEL)
+    assert "Loading weights" not in stderr  # no model was loaded
 
 
 def test_gpu_check_help_and_bad_option():
