@@ -215,3 +215,19 @@ def test_every_command_takes_each_alias_and_lists_them(command, capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert all(alias in help_text for alias in catalog.MODELS)
     assert len({demo_dir(alias) for alias in catalog.MODELS}) == len(catalog.MODELS)
+
+
+def test_a_conversion_reads_the_gguf_once_and_leaves_gguf_as_it_found_it():
+    """Inside a conversion gguf's reader and tensor-name map are memoised (one parse per file, one
+    map per architecture); afterwards, an exception included, they are gguf's own again."""
+    import gguf
+
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    with bundled._gguf_read_once():
+        assert gguf.GGUFReader is not reader and gguf.GGUFReader.__wrapped__ is reader
+        arch = next(iter(gguf.MODEL_ARCH_NAMES))
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)  # built once
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, names)
+    with pytest.raises(RuntimeError), bundled._gguf_read_once():
+        raise RuntimeError("a load failed")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, names)

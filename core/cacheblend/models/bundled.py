@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +34,7 @@ from . import catalog
 ALIAS = catalog.DEFAULT
 GGUF_PACKAGE = catalog.MODELS[ALIAS].parts[0].package
 RECORD = "conversion.json"  # written into each converted folder: source, sizes, seconds per phase
+_PATCHING = threading.Lock()  # held while a conversion has gguf's reader memoised (_gguf_read_once)
 STALE_S = 3600.0  # a temporary file or folder of a conversion older than this was left by a killed one
 
 
@@ -113,13 +115,14 @@ def _gguf_read_once() -> Iterator[None]:
     Qwen and Gemma: docs/runs/convert_models_67fd5d8.json, docs/runs/convert_models.json)."""
     import gguf
 
-    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader = functools.lru_cache(maxsize=1)(reader)
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=4)(names)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
+    with _PATCHING:  # one conversion at a time per process: each restores what it replaced
+        reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+        gguf.GGUFReader = functools.lru_cache(maxsize=1)(reader)
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=4)(names)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
 
 
 def _write_record(folder: Path, entry: catalog.CatalogModel, clock: list[float]) -> None:
