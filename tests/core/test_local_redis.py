@@ -55,3 +55,25 @@ def test_cluster_nodes_picked_the_same_port_still_make_three_processes(tmp_path)
         assert [_pid(s) for s in cluster.servers[1:]] == pids[1:]  # the others live on
     finally:
         cluster.stop()
+
+
+def test_a_restart_keeps_its_port_or_says_it_cannot(tmp_path):
+    server = RedisServer(tmp_path / "s").start()
+    port = server.port
+    server.kill()
+    server.start()  # its clients hold its URL: the same port
+    assert server.port == port and _pid(server) == server.proc.pid
+    server.kill()
+    squatter = RedisServer(tmp_path / "squatter")
+    squatter.port = port
+    try:
+        squatter.start()  # takes the port while the first is down
+        assert squatter.port == port
+        try:
+            server.start()
+            raise AssertionError("a restart moved to another port")
+        except RuntimeError as exc:
+            assert f"the last {port}" in str(exc) and server.port == port
+    finally:
+        squatter.stop()
+        server.stop()

