@@ -6,7 +6,7 @@ blending on vs ``recompute_ratio=1.0`` (full prefill), against one ``cacheblend 
     .venv/bin/python benchmarks/bench_serve.py --quick    # levels 1,2, 2 requests of 2 short chunks, 4 tokens
 
 The server runs as a subprocess (its own interpreter: no GIL shared with the clients) on a free
-loopback port with a memory-only store; the pydoc passages are warmed through ``/v1/documents``
+loopback port it binds itself (its output in OUT/serve.log) with a memory-only store; the pydoc passages are warmed through ``/v1/documents``
 first, as an indexing job would. Every request streams; TTFT is from sending the request to the
 first chunk that carries text. Throughput is the sum of completion tokens over the wall time of
 the whole level (``requests`` requests, at most ``concurrency`` in flight), prefills included.
@@ -22,37 +22,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 from runfile import RunRecord, add_common
 
+from cacheblend.tools.serve_process import ServeProcess
+
 MODES = {"blend": None, "full prefill": 1.0}
 
 
-def start_server(args, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "cacheblend.cli", "serve", "--model", args.model, "--port", str(port),
-           "--store", "none", "--max-batch", str(max(args.levels)), "--max-queue", "256"]
+def start_server(args) -> ServeProcess:
+    """The server on a port it binds itself, its output in OUT/serve.log; returns it once healthy."""
+    cmd = ["--model", args.model, "--store", "none", "--max-batch", str(max(args.levels)), "--max-queue", "256"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the server did not start in 300 s")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    server = ServeProcess(cmd, Path(args.out) / "serve.log").start()
+    try:
+        server.wait_ready(timeout=300)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def workload(args):
@@ -122,11 +116,8 @@ async def level(url, model, examples, ratio, concurrency, max_tokens) -> dict:
 
 
 def run(args, examples) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    proc = start_server(args, port)
+    server = start_server(args)
+    url = server.url
     try:
         texts = sorted({p for ex in examples for p in ex.passages})
         t = time.perf_counter()
@@ -145,8 +136,7 @@ def run(args, examples) -> list[dict]:
             rows += [median_row(mode, runs[mode]) for mode in MODES]
         return rows
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def median_row(mode: str, runs: list[dict]) -> dict:

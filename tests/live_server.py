@@ -1,6 +1,5 @@
 """A real server on a free loopback port (uvicorn in a thread), and what tests read from it."""
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -9,19 +8,20 @@ import httpx
 import uvicorn
 
 from cacheblend.serving import create_app
+from cacheblend.serving.command import bind
 
 TINY = "tiny"
 
 
 @contextmanager
 def running(engine, **options):
-    """Serves ``engine`` on 127.0.0.1 at a free port; yields the base URL (``.../v1``)."""
+    """Serves ``engine`` on 127.0.0.1 at a port it binds itself (as ``cacheblend serve --port 0``);
+    yields the base URL (``.../v1``)."""
     app = create_app(engine, **options)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
@@ -32,6 +32,7 @@ def running(engine, **options):
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+        sock.close()
 
 
 

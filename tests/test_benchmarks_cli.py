@@ -158,6 +158,14 @@ def test_key_temperature_quick(tmp_path, tiny_model_dir):
     assert methods["nb1 reuse t0.9"]["kl"] != methods["nb1 reuse"]["kl"]  # the temperature reached the blend
 
 
+def test_deviation_spread_quick(tmp_path, tiny_model_dir):
+    data = _quick("deviation_spread.py", tmp_path, tiny_model_dir)
+    methods = data["methods"]
+    assert set(methods) == {"full prefill", "nb1 deviation", "nb1 deviation mean0.5"}
+    assert methods["nb1 deviation mean0.5"]["share"] == methods["nb1 deviation"]["share"]  # the same rows recomputed
+    assert methods["nb1 deviation mean0.5"]["kl"] != methods["nb1 deviation"]["kl"]  # the spread reached the blend
+
+
 def test_named_after_quick(tmp_path, tiny_model_dir):
     """The first development question names its fourth passage (of six): recomputing it and the
     two after it, whole, recomputes more than the named chunk alone, from the same records; reading

@@ -164,7 +164,8 @@ def _serve(s) -> None:
                    help=f"KV store: a directory (disk), a Redis URL (redis://host:port/db, shared by every "
                         f"replica attached to it), or 'none' for memory only (default {DEFAULT_STORE})")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000,
+                   help="TCP port (default 8000; 0: a free one, named in the 'serving ... on URL' line it prints)")
     s.add_argument("--api-key", default=os.environ.get("CACHEBLEND_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default $CACHEBLEND_API_KEY)")
     s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")

@@ -2,19 +2,19 @@
 replicas running at once on one store (Redis or a disk folder)."""
 
 import contextlib
-import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from cacheblend.cli import _parser
-from cacheblend.serving.command import DEFAULT_STORE
+from cacheblend.serving.command import DEFAULT_STORE, bind
+from cacheblend.tools.serve_process import CLEAN_STOP, ServeProcess
 
 
 def test_serve_defaults_are_the_bundled_model_on_loopback():
@@ -23,54 +23,56 @@ def test_serve_defaults_are_the_bundled_model_on_loopback():
     assert args.store == str(DEFAULT_STORE) and args.func.__name__ == "cmd_serve"
 
 
-def _start(model: str, store: str) -> tuple[subprocess.Popen, str]:
-    """`cacheblend serve` in a subprocess on a free loopback port (not waited for): (process, URL)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "cacheblend.cli", "serve", "--model", model, "--port", str(port),
-           "--store", store, "--served-model-name", "tiny", "--device", "cpu"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ.copy())
-    return proc, f"http://127.0.0.1:{port}"
+@pytest.mark.parametrize("port", ["taken", "-1", "65536"])
+def test_serve_on_a_port_it_cannot_bind_fails_before_loading_the_model(port):
+    """A taken or impossible --port is a clear error (exit 2) before the model loads: the model named
+    here does not exist, and its error would be another one."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = port == "taken"
+        port = str(other.getsockname()[1]) if taken else port
+        cmd = [sys.executable, "-m", "cacheblend.cli", "serve", "--port", port, "--store", "none",
+               "--model", "no-such-model-anywhere"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    expected = f"cannot serve on 127.0.0.1:{port}" if taken else "--port must be 0-65535"
+    assert expected in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read().decode()
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a clean shutdown
+def test_bind_reserves_the_port_it_reports():
+    """``bind(host, 0)`` holds the port the system gave it from then on (nothing else can bind it
+    while the server loads), and two binds never share one."""
+    with bind("127.0.0.1", 0) as first, bind("127.0.0.1", 0) as second:
+        ports = first.getsockname()[1], second.getsockname()[1]
+        assert ports[0] != ports[1] and min(ports) > 0
+        with pytest.raises(ValueError, match=f"cannot serve on 127.0.0.1:{ports[0]}"):
+            bind("127.0.0.1", ports[0])
 
 
 @contextlib.contextmanager
-def serve_processes(model: str, store: str, n: int = 1):
-    """``n`` `cacheblend serve` processes on one store, started together and all running at once;
-    yields their URLs, then stops them."""
-    procs = []
+def serve_processes(model: str, store: str, logs: Path, n: int = 1, extra=(), while_starting=None):
+    """``n`` `cacheblend serve` processes on one store (their other arguments ``extra``), started
+    together and all running at once (each binds its own free port), their output in ``logs``;
+    ``while_starting()`` runs in this process while they load. Yields their URLs, then stops them."""
+    servers = []
     try:
-        for _ in range(n):
-            procs.append(_start(model, store))
-        for proc, url in procs:
-            _wait_healthy(proc, url)
-        yield [url for _, url in procs]
+        for i in range(n):
+            args = ["--model", model, "--store", store, "--served-model-name", "tiny", "--device", "cpu", *extra]
+            servers.append(ServeProcess(args, logs / f"serve{i}.log").start())
+        if while_starting is not None:
+            while_starting()
+        yield [server.wait_ready() for server in servers]
     finally:
-        for proc, _ in procs:
-            _stop(proc)
+        codes = [server.stop() for server in servers]
+    for server, code in zip(servers, codes):  # reached when nothing failed before
+        assert code in CLEAN_STOP, f"{server.log_path.name} did not stop cleanly ({code}):\n{server.log_tail()}"
 
 
 @contextlib.contextmanager
-def serve_process(model: str, store: str):
+def serve_process(model: str, store: str, logs: Path):
     """One `cacheblend serve` process; yields its URL, then stops it."""
-    with serve_processes(model, store) as (url,):
+    with serve_processes(model, store, logs) as (url,):
         yield url
 
 
@@ -84,7 +86,7 @@ def ask(url: str) -> dict:
 
 def test_serve_process_warms_into_its_disk_store(tiny_model_dir, tmp_path):
     store = tmp_path / "kv"
-    with serve_process(tiny_model_dir, str(store)) as url:
+    with serve_process(tiny_model_dir, str(store), tmp_path) as url:
         assert httpx.post(url + "/v1/documents", json={"documents": [TEXT]}).json()["warmed"] == 1
         assert list(store.rglob("*.safetensors")), "no KV file written to the store"
         assert ask(url)["cacheblend"]["chunk_hits"] == 1
@@ -124,7 +126,7 @@ def test_two_serve_processes_running_at_once_share_one_store(tiny_model_dir, tmp
     while both answer interleaved requests from threads, at temperature 0 with the same answers."""
     with contextlib.ExitStack() as stack:
         store = _redis_store(tmp_path, stack) if kind == "redis" else str(tmp_path / "kv")
-        first, second = stack.enter_context(serve_processes(tiny_model_dir, store, n=2))
+        first, second = stack.enter_context(serve_processes(tiny_model_dir, store, tmp_path, n=2))
         assert httpx.post(first + "/v1/documents", json={"documents": DOCS}).json()["warmed"] == len(DOCS)
         assert bool(list(tmp_path.rglob("*.safetensors"))) is (kind == "disk")  # Redis: nothing on disk
         # the second replica finds every record the first wrote: stored already, nothing warmed

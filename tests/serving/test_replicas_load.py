@@ -14,10 +14,6 @@ answers of the states with those counts.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
-import subprocess
-import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -26,7 +22,7 @@ import httpx
 import pytest
 import torch
 from live_server import metric
-from test_cli_serve import _stop
+from test_cli_serve import serve_processes
 
 from cacheblend import BlendConfig, BlendEngine
 from cacheblend.serving.protocol import parse_chat
@@ -172,59 +168,11 @@ def state_dependent(reference: Reference, requests) -> int:
 
 
 # -- the servers -------------------------------------------------------------------------------------
-def _start(model: str, store: str, log_path) -> tuple[subprocess.Popen, str, object]:
-    """`cacheblend serve --neighbours 0` on a free loopback port, its output to ``log_path`` (a file,
-    never a pipe nobody drains); not waited for."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "cacheblend.cli", "serve", "--model", model, "--port", str(port),
-           "--store", store, "--served-model-name", "tiny", "--device", "cpu", "--neighbours", "0",
-           "--threads", "1"]
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
-    return proc, f"http://127.0.0.1:{port}", log
-
-
-def _log_tail(log) -> str:
-    log.flush()
-    with open(log.name, "rb") as f:
-        return f.read()[-4000:].decode(errors="replace")
-
-
-def _wait_healthy(proc, url: str, log) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, _log_tail(log)
-        assert time.monotonic() < deadline, "the server did not start:\n" + _log_tail(log)
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-
-
-@contextlib.contextmanager
 def replicas(model: str, store: str, workdir, n: int = 2, while_starting=None):
-    """``n`` replicas on one store, all running at once; ``while_starting()`` runs in this process
-    while they load (the reference's answers, say). Yields their URLs; stops them."""
-    started = []
-    try:
-        for i in range(n):
-            started.append(_start(model, store, workdir / f"serve{i}.log"))
-        if while_starting is not None:
-            while_starting()
-        for proc, url, log in started:
-            _wait_healthy(proc, url, log)
-        yield [url for _, url, _ in started]
-    finally:
-        for proc, _, log in started:
-            with contextlib.suppress(Exception):
-                _stop(proc)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-            log.close()
+    """``n`` replicas (`cacheblend serve --neighbours 0 --threads 1`) on one store, all running at once;
+    ``while_starting()`` runs in this process while they load (the reference's answers, say)."""
+    return serve_processes(model, store, workdir, n, extra=("--neighbours", "0", "--threads", "1"),
+                           while_starting=while_starting)
 
 
 def _cluster(workdir, stack: contextlib.ExitStack) -> RedisClusterNodes:

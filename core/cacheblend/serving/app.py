@@ -268,9 +268,10 @@ def _api_error(exc: Exception) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
 
 
-def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Runs ``app`` with uvicorn until interrupted."""
+def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", sock=None) -> None:
+    """Runs ``app`` with uvicorn until interrupted, on ``sock`` (a socket bound already, which it
+    listens on: see ``command.bind``) or else on ``host``:``port``."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=None if sock is None else [sock])

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 DEFAULT_STORE = Path("~/.cache/cacheblend/serve-store")  # --store's default
 
 
 def cmd_serve(args) -> int:
+    with bind(args.host, args.port) as sock:  # before the model loads: a taken port fails at once
+        _serve(args, sock)
+    return 0
+
+
+def _serve(args, sock: socket.socket) -> None:
     from ..engine import BlendEngine
     from .app import SchedulerLimits, create_app, serve
 
@@ -39,7 +46,30 @@ def cmd_serve(args) -> int:
             warm_on_miss=args.warm_on_miss,
         ),
     )
-    print(f"serving {args.served_model_name or args.model} on http://{args.host}:{args.port}/v1 "
+    port = sock.getsockname()[1]  # --port 0: the one the system gave; tests read it from this line
+    print(f"serving {args.served_model_name or args.model} on http://{_url_host(args.host)}:{port}/v1 "
           f"(KV store: {store or 'memory only'})", flush=True)
-    serve(app, host=args.host, port=args.port)
-    return 0
+    serve(app, host=args.host, port=port, sock=sock)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (0: a free port the system picks) and listening: binding
+    is what reserves the port (choosing a free one first and binding it later lets another process
+    take it in between), and a bound socket that is not listening yet does not keep another one with
+    SO_REUSEADDR off its port. Connections made while the model loads wait in the backlog."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be 0-65535 (0: any free port), got {port}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's backlog
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot serve on {host}:{port}: {exc.strerror} (--port 0 picks a free port)") from exc
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
