@@ -10,7 +10,9 @@ passages too. If what the context changes in a chunk is partly shared by its tok
 what precedes it, written into every row's residual stream), the recomputed rows' deviation says
 something about the stale rows' as well. This script adds, to every stale row of a chunk, A times
 an estimate of its deviation from the recomputed rows of the same chunk:
-``mean``: their mean deviation; ``near``: their deviations weighted by exp(-distance / 8).
+``mean``: their mean deviation; ``near``: their deviations weighted by exp(-distance / 8);
+``glob``: as ``mean``, and a chunk with no recomputed row (beside a chunk recomputed whole, say)
+takes the mean over every recomputed reused row of the prompt.
 Keys are corrected before RoPE and rotated to the row's position (RoPE is linear). A chunk with no
 recomputed row is left as it is; the head and the uncached rows are exact already.
 
@@ -35,7 +37,7 @@ import select_eval
 from cacheblend.blending.rope import apply_rope
 
 ALPHAS = (0.15, 0.25, 0.35, 0.5, 1.0)
-MODES = ("mean", "near")
+MODES = ("mean", "near", "glob")
 BASES = ("nb1 deviation", "nb1 lexical named", "nb1 lexical+question 8%", "nb1 question", "deviation")
 NEAR = 8.0  # ``near``: the distance (tokens) over which a recomputed row's weight falls by e
 _by_config: dict[int, tuple[str, float]] = {}  # id(BlendConfig) of a patched method -> (mode, A)
@@ -79,6 +81,8 @@ def _write_spread(layer_kv, k, v, rows, layer):
     dk = k[0][:, fresh] - cached[0][:, src].to(k.dtype)  # [Hkv, s, d] before RoPE
     dv = v[0][:, fresh] - cached[1][:, src].to(v.dtype)
     same = chunk[dst][:, None] == chunk[src][None, :]  # [t, s]
+    if mode == "glob":  # a chunk without recomputed rows: every recomputed reused row's mean
+        same = same | ~same.any(1, keepdim=True)
     w = same.to(k.dtype)
     if mode == "near":
         w = w * torch.exp(-(dst[:, None] - src[None, :]).abs().to(k.dtype) / NEAR)
