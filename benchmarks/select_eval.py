@@ -201,14 +201,22 @@ for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budge
     METHODS[f"nb1 lexical share {_share}"] = (BlendConfig(selector="lexical", lexical_share=_share), None)
 
 
-def doubt_method(name: str) -> bool:
-    """Registers "<method> doubt <t>" (the doubt gate at margin t over that method's config: where its
-    answer is unsure, a full prefill takes over; docs/DOUBT-GATE.md) when <method> is known."""
-    base, sep, margin = name.rpartition(" doubt ")
-    if not sep or base not in METHODS or METHODS[base][1] is not None:
-        return False
-    METHODS[name] = (replace(METHODS[base][0], doubt_margin=float(margin)), None)
-    return True
+# "<method> <knob> <value>": that method's config with one more blend knob (its selector kept)
+KNOBS = {
+    "doubt": "doubt_margin",  # the doubt gate at margin t: where the answer is unsure, a full prefill takes over (docs/DOUBT-GATE.md)
+    "spread": "spread",  # each stale row moves by A x its chunk's recomputed rows' mean deviation (docs/DEVIATION-SPREAD.md)
+}
+
+
+def knob_method(name: str) -> bool:
+    """Registers "<method> doubt <t>" or "<method> spread <A>" (``KNOBS``) when <method> is known."""
+    for word, field in KNOBS.items():
+        base, sep, value = name.rpartition(f" {word} ")
+        if sep and base in METHODS and (word == "spread" or METHODS[base][1] is None):
+            config, selector = METHODS[base]
+            METHODS[name] = (replace(config, **{field: float(value)}), selector)
+            return True
+    return False
 
 
 def examples(dataset: str, split: str, count: int, engine, start: int = 0, target: str = "any") -> list:
@@ -525,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     names = args.methods.split(",")
-    unknown = [n for n in names if n not in METHODS and not doubt_method(n)]
+    unknown = [n for n in names if n not in METHODS and not knob_method(n)]
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
     started = time.time()

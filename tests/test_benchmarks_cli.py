@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -150,20 +151,25 @@ def test_select_eval_quick(tmp_path, tiny_model_dir):
     assert all(r["agree"][0] == (r["answer"][0] == full) for r in rows.values())
 
 
+def test_select_eval_knob_methods_add_one_field_to_a_known_method():
+    select_eval = _bench_module("select_eval")
+    assert select_eval.knob_method("nb1 deviation spread 0.25") and select_eval.knob_method("nb1 reuse doubt 0.01")
+    config, selector = select_eval.METHODS["nb1 deviation spread 0.25"]
+    assert (config.spread, selector) == (0.25, None)
+    assert config == replace(select_eval.METHODS["nb1 deviation"][0], spread=0.25)
+    assert select_eval.METHODS["nb1 reuse doubt 0.01"][0].doubt_margin == 0.01
+    # a selector object is kept by spread (its blend reads the config's spread); doubt refuses it
+    assert select_eval.knob_method("nb1 oracle spread 0.5") and not select_eval.knob_method("nb1 oracle doubt 0.1")
+    assert select_eval.METHODS["nb1 oracle spread 0.5"][1] is select_eval.METHODS["nb1 oracle"][1]
+    assert not select_eval.knob_method("no such method spread 0.25") and not select_eval.knob_method("nb1 deviation")
+
+
 def test_key_temperature_quick(tmp_path, tiny_model_dir):
     data = _quick("key_temperature.py", tmp_path, tiny_model_dir)
     methods = data["methods"]
     assert set(methods) == {"full prefill", "nb1 reuse", "nb1 reuse t0.9"}
     assert methods["nb1 reuse t0.9"]["share"] == methods["nb1 reuse"]["share"]  # the same rows recomputed
     assert methods["nb1 reuse t0.9"]["kl"] != methods["nb1 reuse"]["kl"]  # the temperature reached the blend
-
-
-def test_deviation_spread_quick(tmp_path, tiny_model_dir):
-    data = _quick("deviation_spread.py", tmp_path, tiny_model_dir)
-    methods = data["methods"]
-    assert set(methods) == {"full prefill", "nb1 deviation", "nb1 deviation mean0.5"}
-    assert methods["nb1 deviation mean0.5"]["share"] == methods["nb1 deviation"]["share"]  # the same rows recomputed
-    assert methods["nb1 deviation mean0.5"]["kl"] != methods["nb1 deviation"]["kl"]  # the spread reached the blend
 
 
 def test_named_after_quick(tmp_path, tiny_model_dir):

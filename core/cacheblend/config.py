@@ -105,17 +105,17 @@ class BlendConfig:
             tokens, within the bounds (``auto_min_ratio`` when it names none).
         doubt_margin: the doubt gate, a budget the answer decides (0: off). While an answer is
             decoded, when the likeliest next token's probability exceeds the second's by less than
-            ``doubt_margin``, the prompt is prefilled again at ``doubt_ratio`` (once per request),
-            the tokens already generated are fed after it, and decoding goes on from that cache:
-            the blend answers where it is sure, the larger budget where it is not. A blend's low
-            margin somewhere in its answer predicts that answer differing from full prefill's far
-            better than any check-layer signal (docs/DOUBT-GATE.md); each redo costs a second
-            prefill, reported in ``BlendStats.doubt_step`` and ``redone_tokens``.
+            ``doubt_margin``, the prompt is prefilled again at ``doubt_ratio`` (once per request)
+            and decoding goes on from that cache, the tokens already generated fed after it
+            (docs/DOUBT-GATE.md; ``BlendStats.doubt_step`` and ``redone_tokens`` report a redo).
         doubt_ratio: the recompute ratio of the doubt gate's second prefill (1.0: a full prefill);
             a prefill already at or above it has no gate.
         lead_after_named: with lead records and ``selector="lexical"``, how far the chunks after the
             one the question names move from their neighbour-warmed records toward their lead records:
             0 (False) not at all, 1 (True) all the way, 0.5 halfway (docs/LEXICAL-SELECTOR.md).
+        spread: from the first check layer on, each reused row not recomputed moves by this share of
+            the mean KV deviation (fresh - stored) of its chunk's recomputed rows (0: off;
+            ``blending.spread``, docs/DEVIATION-SPREAD.md).
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -143,6 +143,7 @@ class BlendConfig:
     doubt_margin: float = 0.0
     doubt_ratio: float = 1.0
     lead_after_named: float = 0.0
+    spread: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "check_layers", tuple(int(x) for x in self.check_layers))
@@ -160,7 +161,7 @@ class BlendConfig:
         if any(b > a for a, b in zip(self.ratios, self.ratios[1:])):
             raise ValueError(f"ratios must not increase from one check layer to the next, got {self.ratios}")
         _check_choice("selector", self.selector, SELECTORS)
-        for name in ("query_weight", "question_weight", "lexical_share"):
+        for name in ("query_weight", "question_weight", "lexical_share", "spread"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")

@@ -12,7 +12,8 @@ For a prompt whose tokens are partly covered by cached chunk KV (keys stored bef
    with the head's exact K/V (``BlendInput.head_kv``, what a full prefill computes for the rows
    before the first chunk: ``head.py``) and the active rows' fresh K/V written into it (at a check
    layer after the selection, which compares them with the stored K/V); the active rows attend
-   over it, exact causal mask by position.
+   over it, exact causal mask by position. With a ``spread``, the reused rows not recomputed then
+   move by a share of the deviation their chunk's recomputed rows showed (``spread.py``).
 
 Ratio 1.0 is a full prefill, 0.0 full reuse (only uncached tokens are recomputed). An ``AutoRatio``
 is resolved per request at its check layer, before the pick (``budget.py``).
@@ -41,6 +42,7 @@ from .inputs import BlendInput, Restart
 from .question import QuestionScore
 from .rows import Rows, attend_rows
 from .selection import NoneSelector, Selector
+from .spread import DeviationSpread
 
 __all__ = ["BlendInput", "BlendOutput", "blend_prefill", "budget_for"]
 
@@ -80,8 +82,10 @@ def budget_for(ratio: float, num_reused: int) -> int:
 
 @torch.inference_mode()
 def blend_prefill(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
-                  fresh_check: bool = False) -> BlendOutput:
+                  fresh_check: bool = False, spread: float = 0.0) -> BlendOutput:
     """Runs the blended prefill. ``schedule`` maps check layer -> ratio of reused tokens kept.
+    ``spread``: from the first check layer on, each stale reused row moves by that share of its
+    chunk's recomputed rows' mean deviation (``spread.py``; 0: off).
 
     ``fresh_check``: at a check layer every row still active has fresh K/V already (they were
     computed to compare them with the cache), so keep them all for that layer's attention and
@@ -96,13 +100,14 @@ def blend_prefill(model: ModelAdapter, inp: BlendInput, selector: Selector, sche
     staged = getattr(selector, "stage_one_for", None)
     if getattr(selector, "two_stage", False) or (staged and staged(
             inp.ids, inp.reused, inp.chunk_offsets, Check.of(inp, selector).asking, inp.first_alone)):
-        return _two_stage(model, inp, selector, schedule, fresh_check)
-    return _blend(model, inp, selector, schedule, fresh_check, restart=inp.restart)
+        return _two_stage(model, inp, selector, schedule, fresh_check, spread)
+    return _blend(model, inp, selector, schedule, fresh_check, restart=inp.restart, spread=spread)
 
 
 def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float], fresh_check=False,
            observe: QuestionScore | None = None, base: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-           question_score: torch.Tensor | None = None, restart: Restart | None = None) -> BlendOutput:
+           question_score: torch.Tensor | None = None, restart: Restart | None = None,
+           spread: float = 0.0) -> BlendOutput:
     """The one-pass blend, with what the two-stage blend adds: ``observe`` (layer, q [1,H,n,d]
     rotated, keys [1,Hkv,N,d], the n rows' positions) at every layer; ``base``, per layer the K and
     V [Hkv,N,d] of an earlier pass to start the cache from (written in place) instead of realigning
@@ -121,6 +126,7 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
     if schedule and base is None and inp.cached is not None:
         feed = LayerFeed(inp.cached, inp.ids.device, first_check)
     rows = Rows.at(pos, tables)
+    spreading = DeviationSpread.of(inp.reused, inp.chunk_offsets, spread) if inp.cached is not None else None
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     active_rows, auto = [], {}  # auto: what an auto budget chose (budget.resolve)
@@ -143,7 +149,7 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
                     layer_kv[:, :, : inp.head] = inp.head_kv[layer]
             else:  # an earlier pass's cache: the cached K/V realigned, that pass's rows written
                 layer_kv = base[layer]  # (K [Hkv,N,d], V [Hkv,N,d])
-                cached = inp.cached[layer].to(inp.ids.device) if layer in schedule else None
+                cached = inp.cached[layer].to(inp.ids.device) if layer in schedule or spreading else None
             if layer in schedule:
                 here = CheckLayer(model, layer, x, k, v, cached, layer_kv)
                 ratio, signal = resolve(schedule[layer], here, check, rows)  # an AutoRatio: per request
@@ -154,6 +160,8 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
                 rows, x, h = rows.take(pick, tables), x[:, pick], h[:, pick]
                 k, v = k[:, :, pick], v[:, :, pick]
             _write(layer_kv, k, v, rows, layer)
+            if spreading is not None and cached is not None:
+                spreading.apply(layer_kv, (k, v), rows.active, cached, (cos, sin))
             keys, values = layer_kv[0][None], layer_kv[1][None]  # [1,Hkv,N,d]
         q = apply_rope(model.q(layer, x), *rows.rope.layer(layer))  # [1,H,n,d], only the rows kept
         if observe is not None:
@@ -166,7 +174,7 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
 
 
 def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
-               fresh_check: bool) -> BlendOutput:
+               fresh_check: bool, spread: float = 0.0) -> BlendOutput:
     """Stage 1: the full-reuse pass (the uncached rows but the head's, and the last row, from layer
     0, over the realigned cached K/V), scoring the question rows' attention at the selector's
     layers. Stage 2: from layer 0 again, over stage 1's caches, the uncached rows, the last row and the selector's
@@ -184,9 +192,11 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     score = asked.score(inp.reused, inp.chunk_offsets)  # [N]
     base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
     if getattr(selector, "at_check_layers", False):
-        out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score, restart=inp.restart)
+        out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score, restart=inp.restart,
+                     spread=spread)
     else:
-        out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score, restart=inp.restart)
+        out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score, restart=inp.restart,
+                     spread=spread)
     out.first_stage_rows, out.first_stage_active = first.recomputed, first.active_rows
     out.question_rows, out.question_layers = asked.rows, asked.layers
     return out
