@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,20 @@ def load_at(ref: str, path: str, name: str, package: str, siblings: tuple[str, .
     return module
 
 
+def _as_today(blend):
+    """An older ref's ``blend_prefill``, called as today's: a ref from before ``spread`` existed
+    takes the request path's ``spread=0.0`` (the only value it can honour)."""
+    if "spread" in inspect.signature(blend).parameters:
+        return blend
+
+    def call(*args, spread=0.0, **kwargs):
+        if spread:
+            raise SystemExit("the old ref's blend has no spread: compare at spread 0")
+        return blend(*args, **kwargs)
+
+    return call
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap, quick="--ref HEAD, 1 prompt of 2 passages of up to 96 tokens, 1 repeat")
@@ -77,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     old_adapter = load_at(args.ref, "core/cacheblend/models/adapter.py", "ab_old_adapter", "cacheblend.models")
     sides = {
         "new": (engine.adapter, prefill_mod.blend_prefill),
-        "old": (old_adapter.adapt(engine.adapter.model), old_blend.blend_prefill),
+        "old": (old_adapter.adapt(engine.adapter.model), _as_today(old_blend.blend_prefill)),
     }
     lo = args.chunk_tokens * 3 // 4
     passages = [p for p in pydoc_passages(engine.count_tokens, args.chunk_tokens) if engine.count_tokens(p.text) >= lo]

@@ -170,9 +170,9 @@ def _check(adapter, layer: int, hidden: torch.Tensor, stored_v: torch.Tensor) ->
 
 
 def _blend_prefill(real):
-    def blend_prefill(model, inp, selector, schedule, fresh_check=False):
+    def blend_prefill(model, inp, selector, schedule, *args, **kwargs):
         restart = selector.restart(inp) if isinstance(selector, Restarting) else None
-        out = real(model, replace(inp, restart=restart) if restart is not None else inp, selector, schedule, fresh_check)
+        out = real(model, replace(inp, restart=restart) if restart is not None else inp, selector, schedule, *args, **kwargs)
         if isinstance(selector, Restarting):
             rows = sum(out.active_per_layer) + sum(a.shape[0] for a in out.first_stage_active)
             COSTS.setdefault(selector.name, []).append(rows / (model.num_layers * inp.ids.shape[0]))

@@ -82,7 +82,7 @@ class Prefiller:
         t = time.perf_counter()
         limit = 0 if full else request.head_tokens
         asm.input, read = self.heads.with_head(self.adapter, asm.input, limit)  # computed the first time
-        out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check, cfg.spread)
+        out = blend_prefill(self.adapter, asm.input, selector, cfg.schedule(), cfg.fresh_check, spread=cfg.spread)
         chosen = out.ratio if out.ratio is not None else cfg.recompute_ratio  # an auto budget reports its pick
         stats = asm.stats(out.recomputed + (0 if read else asm.input.head), 1.0 if full else chosen)
         stats.budget_signal = out.budget_signal

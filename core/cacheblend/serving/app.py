@@ -274,4 +274,7 @@ def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info
     import uvicorn
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=None if sock is None else [sock])
+    server = uvicorn.Server(config)
+    server.run(sockets=None if sock is None else [sock])
+    if not server.started:  # as uvicorn.run: a startup that failed is a failed command
+        raise SystemExit(3)
