@@ -13,7 +13,7 @@ A chunk with no recomputed row (none picked in it) keeps its record.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,12 +26,15 @@ def chunk_numbers(reused: torch.Tensor, chunk_offsets: torch.Tensor) -> torch.Te
     return torch.where(reused, torch.cumsum(starts.long(), 0) - 1, -1)
 
 
-@dataclass(frozen=True)
+@dataclass
 class DeviationSpread:
-    """One prompt's spread: ``chunks`` (``chunk_numbers``) and the share ``alpha``."""
+    """One prompt's spread: ``chunks`` (``chunk_numbers``) and the share ``alpha``. Which rows give
+    and take a deviation changes only where the active rows do (at a check layer): ``_plan`` keeps
+    it for the last active set seen."""
 
     chunks: torch.Tensor  # [N]
     alpha: float
+    _plan: tuple = field(default=(None, None), repr=False)  # (active rows, their plan)
 
     @classmethod
     def of(cls, reused: torch.Tensor, chunk_offsets: torch.Tensor, alpha: float) -> DeviationSpread | None:
@@ -44,26 +47,36 @@ class DeviationSpread:
         ``active`` [n], ``alpha`` times its chunk's mean deviation. fresh: K (before RoPE) and V
         [1,Hkv,n,d] of the ``active`` rows; cached: [2,Hkv,N,d] the records (keys before RoPE, any
         dtype); rope: (cos, sin) [N,d] of this layer at the prompt's positions."""
-        chunks = self.chunks
-        has_record = chunks[active] >= 0  # [n]: active rows that have a record
-        if not bool(has_record.any()):
+        plan = self._plan[1] if self._plan[0] is active else self._planned(active)
+        if plan is None:
             return
-        src = active[has_record]  # [s]
-        at = chunks[src]  # [s]
-        count = torch.bincount(at, minlength=int(chunks.max()) + 1)  # [C]
-        stale = chunks >= 0
-        stale[active] = False
-        dst = stale.nonzero()[:, 0]  # [t]
-        dst = dst[count[chunks[dst]] > 0]  # rows of chunks that have recomputed rows
-        if dst.numel() == 0:
-            return
+        has_record, src, at, count, dst = plan
         heads, _, dim = layer_kv.shape[1:]
         dtype = layer_kv.dtype
         scale = (self.alpha / count.clamp(min=1).to(dtype))[None, :, None]  # [1, C, 1]
         for part in (0, 1):
             deviation = fresh[part][0][:, has_record].to(dtype) - cached[part][:, src].to(dtype)  # [Hkv, s, d]
             mean = deviation.new_zeros((heads, count.shape[0], dim)).index_add_(1, at, deviation) * scale  # [Hkv,C,d]
-            shift = mean[:, chunks[dst]]  # [Hkv, t, d]
+            shift = mean[:, self.chunks[dst]]  # [Hkv, t, d]
             if part == 0:
                 shift = apply_rope(shift, rope[0][dst], rope[1][dst])
             layer_kv[part].index_add_(1, dst, shift)
+
+    def _planned(self, active: torch.Tensor) -> tuple | None:
+        """For ``active`` [n]: (its rows that have a record [n] bool, those rows [s], their chunks
+        [s], recomputed rows per chunk [C], the stale rows of chunks that have some [t]); None when
+        no row moves."""
+        chunks = self.chunks
+        has_record = chunks[active] >= 0  # [n]: active rows that have a record
+        plan = None
+        if bool(has_record.any()):
+            src = active[has_record]  # [s]
+            at = chunks[src]  # [s]
+            count = torch.bincount(at, minlength=int(chunks.max()) + 1)  # [C]
+            stale = chunks >= 0
+            stale[active] = False
+            dst = stale.nonzero()[:, 0]  # [t]
+            dst = dst[count[chunks[dst]] > 0]  # rows of chunks that have recomputed rows
+            plan = (has_record, src, at, count, dst) if dst.numel() else None
+        self._plan = (active, plan)
+        return plan
