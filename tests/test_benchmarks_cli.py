@@ -567,3 +567,51 @@ def test_figures_fails_on_a_missing_run_file_and_on_an_unmarked_figure_when_stri
     assert missing.returncode == 1 and "no-such-run.json: MISSING" in missing.stdout
     doc.write_text(f"<!-- not measured: defaults -->\n{table}")
     assert _run([sys.executable, str(BENCH / "figures.py"), "--strict", str(doc)], timeout=60).returncode == 0
+
+
+def test_stale_rows_measures_what_it_says():
+    """Constructed chunks with known answers: full prefill's V exactly 0.3 of the way from the lead
+    record to the plain one gives alpha 0.3 at every layer and no error left for the best mix; stale
+    deviations equal to the recomputed rows' mean are removed whole by the chunk mean (scale 1), and
+    a deviation orthogonal to every guess is removed by none."""
+    stale_rows = _bench_module("stale_rows")
+    torch.manual_seed(0)
+    layers, n, dims = 4, 12, 8
+    lead, plain = torch.randn(layers, n, dims), torch.randn(layers, n, dims)
+    tally = stale_rows.Tally(layers)
+    tally.chunk(list(lead + 0.3 * (plain - lead)), plain, lead, torch.arange(n), share=0.25)
+    tally.chunk(list(lead + 0.3 * (plain - lead)), plain, lead, torch.arange(n), share=0.25)
+    rec = tally.records_summary()
+    assert rec["alpha_mean"] == pytest.approx([0.3] * layers, abs=1e-5)
+    assert max(rec["best_over_plain"]) < 1e-6 and max(rec["check_alpha_over_plain"]) < 1e-6
+    assert min(rec["lead_over_plain"]) == pytest.approx(0.09 / 0.49, rel=1e-4)  # |0.3 d|^2 / |0.7 d|^2
+    shift = torch.randn(layers, 1, dims)
+    full = plain + shift  # every row deviates by its layer's shift: the recomputed rows' mean is exact
+    exact = stale_rows.Tally(layers)
+    exact.chunk(list(full), plain, lead, torch.arange(n), share=0.25)
+    for band in exact.estimates_summary().values():
+        assert band["chunk mean"]["removed"] == pytest.approx(1.0, abs=1e-5)
+        assert band["chunk mean"]["scale"] == pytest.approx(1.0, abs=1e-5)
+        assert all(0.0 <= v["removed"] <= 1.0 + 1e-6 for v in band.values())
+    dev = torch.zeros(layers, n, dims)
+    dev[:, :, 0] = torch.tensor([10.0] * 3 + [0.0] * (n - 3))  # only the 3 rows the selector recomputes deviate in dim 0
+    dev[:, 3:, 1] = 1.0  # the stale rows deviate in dim 1, which no recomputed row shows
+    plain_ortho = torch.zeros(layers, n, dims)
+    plain_ortho[:, :, 2] = 1.0  # records alike: cosines all 1
+    none = stale_rows.Tally(layers)
+    none.chunk(list(plain_ortho + dev), plain_ortho, plain_ortho - 1.0, torch.arange(n), share=0.25)
+    for band in none.estimates_summary().values():
+        assert all(v["removed"] == pytest.approx(0.0, abs=1e-9) for v in band.values())
+
+
+def test_stale_rows_quick(tmp_path, tiny_model_dir):
+    data = _quick("stale_rows.py", tmp_path, tiny_model_dir)
+    assert data["count"] == 1 and data["chunks"] == 5  # the first development question: six passages
+    rec = data["records"]
+    assert all(b <= c + 1e-6 for b, c in zip(rec["best_over_plain"], rec["check_alpha_over_plain"]))  # the best is best
+    for band in data["estimates"].values():
+        assert set(band) == set(stale_rows_names()) and all(0.0 <= v["removed"] <= 1.0 + 1e-6 for v in band.values())
+
+
+def stale_rows_names() -> tuple[str, ...]:
+    return _bench_module("stale_rows").ESTIMATES
