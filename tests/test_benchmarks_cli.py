@@ -615,3 +615,44 @@ def test_stale_rows_quick(tmp_path, tiny_model_dir):
 
 def stale_rows_names() -> tuple[str, ...]:
     return _bench_module("stale_rows").ESTIMATES
+
+
+def test_record_calibration_maps_and_rope():
+    """An exact affine relation is learned exactly (ridge near 0) and applied only to the parts and
+    layers asked; keys rotated by the model's RoPE come back exactly."""
+    rc = _bench_module("record_calibration")
+    from cacheblend.blending.rope import apply_rope
+
+    torch.manual_seed(0)
+    layers, heads, n, d = 3, 2, 40, 4
+    a, b = torch.randn(heads * d, heads * d) * 0.3, torch.randn(heads * d)
+    maps = rc.Maps(layers)
+    for layer in range(layers):
+        for part in (0, 1):
+            rec = torch.randn(n, heads * d)
+            maps.add(layer, part, rec, rec + rec @ a + b)
+    maps.fit(ridge=1e-9)
+    kv = torch.randn(layers, 2, heads, n, d)
+    out = maps.apply(kv, (1,), first_layer=1)
+    assert torch.equal(out[0], kv[0]) and torch.equal(out[:, 0], kv[:, 0])  # layer 0 and K untouched
+    rows = rc.flat(kv[2, 1])
+    assert torch.allclose(rc.flat(out[2, 1]), rows + rows @ a + b, atol=1e-4)
+    stale = rc.stale_rows(rows + torch.arange(n)[:, None].float(), rows, share=0.25)
+    assert stale.sum() == n - 10 and not stale[-10:].any()  # the 10 rows deviating most are not stale
+    positions = torch.arange(n) * 3.0
+    freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    angles = torch.cat([positions[:, None] * freq[None, :]] * 2, -1)
+    keys = torch.randn(heads, n, d)
+    assert torch.allclose(rc.unrotated(apply_rope(keys, angles.cos(), angles.sin()), angles.cos(), angles.sin()), keys,
+                          atol=1e-5)
+
+
+def test_record_calibration_quick(tmp_path, tiny_model_dir):
+    data = _quick("record_calibration.py", tmp_path, tiny_model_dir)
+    methods = data["methods"]
+    assert data["fit"] == 1 and data["count"] == 1 and len(methods) == 8
+    # the maps reach the blend: a mapped method differs from its uncorrected base where it maps a layer
+    for name, row in methods.items():
+        base = "full reuse" if name.startswith("full reuse") else "deviation 15%"
+        maps_a_layer = base == "full reuse" or data["layers"] > 2  # the blend's maps start at layer 2
+        assert name == base or (row["kl"] != methods[base]["kl"]) == maps_a_layer, name
