@@ -30,13 +30,9 @@ import argparse
 import torch
 
 from runfile import RunRecord, add_common
+from stale_rows import bands, flat
 
 PARTS = {"K": (0,), "V": (1,), "KV": (0, 1)}
-
-
-def flat(x: torch.Tensor) -> torch.Tensor:
-    """[heads, n, d] -> [n, heads * d] in fp32."""
-    return x.float().transpose(0, 1).reshape(x.shape[1], -1)
 
 
 def unrotated(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -190,18 +186,15 @@ def main(argv: list[str] | None = None) -> None:
     able = [j for j, r in enumerate(full_right) if r]
     summary = {name: {"kl": sum(r["kl"]) / len(r["kl"]), "same": sum(r["same"]), "f1": sum(r["f1"]) / len(r["f1"]),
                       "kept": sum(1 for j in able if r["right"][j]), "of": len(able)} for name, r in rows.items()}
-    bands = {}
-    cuts = [1, *(max(2, round(layers * f / 4)) for f in (1, 2, 3)), layers]
-    for lo, hi in zip(cuts, cuts[1:]):
-        bands[f"{lo}-{hi - 1}"] = {label: float(1 - removed[part, 1, lo:hi].sum() / removed[part, 0, lo:hi].sum())
-                                   for label, part in (("K", 0), ("V", 1))}
-    for band, shares in bands.items():
+    shares_by_band = {f"{lo}-{hi - 1}": {label: float(1 - removed[part, 1, lo:hi].sum() / removed[part, 0, lo:hi].sum())
+                                         for label, part in (("K", 0), ("V", 1))} for lo, hi in bands(layers)}
+    for band, shares in shares_by_band.items():
         print(f"layers {band}: held-out stale deviation removed, K {shares['K']:.3f}, V {shares['V']:.3f}")
     print("| method | KL | same answer | F1 vs full | kept |\n|---|---|---|---|---|")
     for name, s in summary.items():
         print(f"| {name} | {s['kl']:.4f} | {s['same']} of {len(eval_qs)} | {s['f1']:.3f} | {s['kept']} of {s['of']} |")
     record.write(args.run_file, {"model": args.model, "dataset": args.dataset, "layers": layers, "fit": len(fit_qs), "count": len(eval_qs),
-                                 "pool": args.pool, "removed": bands, "methods": summary, "questions": rows,
+                                 "pool": args.pool, "removed": shares_by_band, "methods": summary, "questions": rows,
                                  "full_right": full_right})
 
 

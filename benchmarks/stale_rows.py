@@ -61,6 +61,11 @@ def estimates(dev_s: torch.Tensor, plain: torch.Tensor, sel: torch.Tensor, ids: 
             "kernel ridge": cos @ ridge, "same token": by_token, "mean x check norm": mean * scale[:, None]}
 
 
+def flat(x: torch.Tensor) -> torch.Tensor:
+    """[heads, n, d] -> [n, heads * d] in fp32."""
+    return x.float().transpose(0, 1).reshape(x.shape[1], -1)
+
+
 def bands(layers: int) -> list[tuple[int, int]]:
     """The check layer to the end in quarters: [(1, a), (a, b), ...]."""
     cuts = [1, *(max(2, round(layers * q / 4)) for q in (1, 2, 3)), layers]
@@ -181,10 +186,6 @@ def main(argv: list[str] | None = None) -> None:
         for span, enc in spans[1:]:  # the first chunk reads its lead record: full prefill's context for it
             plain, lead = (engine.kv.stores.get(k) for k in engine.kv.record_keys(enc.ids))
             rows, own = (torch.tensor(x) for x in aligned_rows(request.encoding, span, enc))
-
-            def flat(v: torch.Tensor) -> torch.Tensor:  # [kv_heads, n, head_dim] -> [n, kv_heads * head_dim]
-                return v.float().transpose(0, 1).reshape(v.shape[1], -1)
-
             full = [flat(layer[1][0][:, rows]) for layer in kv]
             tally.chunk(full, torch.stack([flat(r[1][:, own]) for r in plain.kv]),
                         torch.stack([flat(r[1][:, own]) for r in lead.kv]), torch.tensor(enc.ids)[own], args.share)
