@@ -30,7 +30,7 @@ import argparse
 import torch
 
 from runfile import RunRecord, add_common
-from stale_rows import bands, flat
+from stale_rows import ask, bands, flat, later_chunks, warmed_examples
 
 PARTS = {"K": (0,), "V": (1,), "KV": (0, 1)}
 
@@ -108,40 +108,29 @@ def main(argv: list[str] | None = None) -> None:
     record = RunRecord.start(args)
     torch.set_num_threads(args.threads)
     import select_eval as se
-    from cacheblend import BlendConfig, BlendEngine, shared_engine
+    from cacheblend import BlendConfig
     from cacheblend.prefilling import Prefiller
-    from cacheblend.prompts.assemble import aligned_rows, chunk_encodings
     from cacheblend.stores.record import ChunkRecord
     from cacheblend.tools.quality import token_f1
 
-    shared = shared_engine(args.model)
-    engine = BlendEngine(shared.adapter.model, shared.tokenizer, config=BlendConfig(neighbours=1), memory_bytes=12 << 30)
-    fit_qs = se.examples(args.dataset, "dev", args.fit, engine)
-    eval_qs = se.examples(args.dataset, "dev", args.count, engine, args.fit)
-    pool = sorted({p for q in fit_qs + eval_qs for p in q.passages})
-    engine.kv.warmer.learn([], se.corpus(args.dataset) if args.pool == "corpus" else pool)
-    engine.warm(pool, progress=False)
+    engine, (fit_qs, eval_qs) = warmed_examples(args.model, args.dataset, args.pool,
+                                                [("dev", 0, args.fit), ("dev", args.fit, args.count)])
     adapter, layers = engine.adapter, engine.adapter.num_layers
     maps = Maps(layers)
 
-    def request(q):
-        return engine.request(chunks=q.passages, query=se.ask(engine.tokenizer, q.question), prefix=se.PREFIX)
-
     def chunk_rows(req, kv):
-        """Per chunk after the first: (its record, per layer [full K before RoPE, full V] of its rows, stale mask)."""
-        for span, enc in list(zip(req.text.chunks, chunk_encodings(req.text, engine.kv.encode)))[1:]:
-            plain = engine.kv.stores.get(engine.kv.record_keys(enc.ids)[0])
-            rows, own = (torch.tensor(x) for x in aligned_rows(req.encoding, span, enc))
+        """Per chunk after the first: (its record's K/V of its rows, per layer [full K before RoPE, full V], stale mask)."""
+        for plain, _, rows, own, _ in later_chunks(engine, req):
             full = []
             for layer in range(layers):
                 cos, sin = adapter.rope(rows, adapter.rope_kinds[layer])
                 full.append((flat(unrotated(kv[layer][0][0][:, rows].float(), cos, sin)), flat(kv[layer][1][0][:, rows])))
             mine = plain.kv[:, :, :, own]
-            yield plain, mine, full, stale_rows(full[1][1], flat(mine[1, 1]))
+            yield mine, full, stale_rows(full[1][1], flat(mine[1, 1]))
 
     for q in fit_qs:
-        req = request(q)
-        for _, mine, full, stale in chunk_rows(req, engine.prefill(req, recompute_ratio=1.0).output.kv):
+        req = ask(engine, q)
+        for mine, full, stale in chunk_rows(req, engine.prefill(req, recompute_ratio=1.0).output.kv):
             for layer in range(layers):
                 for part in (0, 1):
                     maps.add(layer, part, flat(mine[layer, part])[stale], full[layer][part][stale])
@@ -163,9 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = {m: {"kl": [], "same": [], "f1": [], "right": []} for m in methods}
     full_right, removed = [], torch.zeros(2, 2, layers)  # [part, (|D|^2, |D - guess|^2), layer]
     for i, q in enumerate(eval_qs):
-        req = request(q)
+        req = ask(engine, q)
         full = engine.prefill(req, recompute_ratio=1.0)
-        for _, mine, rows_full, stale in chunk_rows(req, full.output.kv):
+        for mine, rows_full, stale in chunk_rows(req, full.output.kv):
             for layer in range(layers):
                 for part in (0, 1):
                     rec = flat(mine[layer, part])[stale]

@@ -152,6 +152,42 @@ class Tally:
         return out
 
 
+def warmed_examples(model: str, dataset: str, pool: str, spans: list[tuple[str, int, int]]):
+    """(engine, examples per span): an engine with the default's warming (1 neighbour, lead
+    records) and ``select_eval``'s examples of each (split, start, count) span, their passages
+    warmed, neighbours picked among them (``pool="run"``) or the whole MuSiQue file's (``"corpus"``)."""
+    import select_eval
+    from cacheblend import BlendConfig, BlendEngine, shared_engine
+
+    shared = shared_engine(model)
+    engine = BlendEngine(shared.adapter.model, shared.tokenizer, config=BlendConfig(neighbours=1), memory_bytes=12 << 30)
+    sets = [select_eval.examples(dataset, split, count, engine, start) for split, start, count in spans]
+    passages = sorted({p for qs in sets for q in qs for p in q.passages})
+    engine.kv.warmer.learn([], select_eval.corpus(dataset) if pool == "corpus" else passages)
+    engine.warm(passages, progress=False)
+    return engine, sets
+
+
+def ask(engine, q):
+    """``q``'s request as select_eval builds it (its system message and question wording)."""
+    import select_eval
+
+    return engine.request(chunks=q.passages, query=select_eval.ask(engine.tokenizer, q.question), prefix=select_eval.PREFIX)
+
+
+def later_chunks(engine, request):
+    """Per chunk after the prompt's first (which reads its lead record, full prefill's context for
+    it): (its record warmed behind its neighbour, its lead record, its rows in the prompt, the same
+    rows in the records, their token ids)."""
+    from cacheblend.prompts.assemble import aligned_rows, chunk_encodings
+
+    spans = list(zip(request.text.chunks, chunk_encodings(request.text, engine.kv.encode)))
+    for span, enc in spans[1:]:
+        plain, lead = (engine.kv.stores.get(k) for k in engine.kv.record_keys(enc.ids))
+        rows, own = (torch.tensor(x) for x in aligned_rows(request.encoding, span, enc))
+        yield plain, lead, rows, own, torch.tensor(enc.ids)[own]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap, quick="1 development fact question")
@@ -167,28 +203,15 @@ def main(argv: list[str] | None = None) -> None:
         args.count = 1
     record = RunRecord.start(args)
     torch.set_num_threads(args.threads)
-    import select_eval
-    from cacheblend import BlendConfig, BlendEngine, shared_engine
-    from cacheblend.prompts.assemble import aligned_rows, chunk_encodings
-
-    shared = shared_engine(args.model)
-    engine = BlendEngine(shared.adapter.model, shared.tokenizer, config=BlendConfig(neighbours=1), memory_bytes=8 << 30)
-    qs = select_eval.examples(args.dataset, args.split, args.count, engine, args.start)
-    pool = sorted({p for q in qs for p in q.passages})
-    engine.kv.warmer.learn([], select_eval.corpus(args.dataset) if args.pool == "corpus" else pool)
-    engine.warm(pool, progress=False)
-    tally = Tally(shared.adapter.num_layers)
+    engine, (qs,) = warmed_examples(args.model, args.dataset, args.pool, [(args.split, args.start, args.count)])
+    tally = Tally(engine.adapter.num_layers)
     for i, q in enumerate(qs):
-        request = engine.request(chunks=q.passages, query=select_eval.ask(engine.tokenizer, q.question),
-                                 prefix=select_eval.PREFIX)
+        request = ask(engine, q)
         kv = engine.prefill(request, recompute_ratio=1.0).output.kv
-        spans = list(zip(request.text.chunks, chunk_encodings(request.text, engine.kv.encode)))
-        for span, enc in spans[1:]:  # the first chunk reads its lead record: full prefill's context for it
-            plain, lead = (engine.kv.stores.get(k) for k in engine.kv.record_keys(enc.ids))
-            rows, own = (torch.tensor(x) for x in aligned_rows(request.encoding, span, enc))
+        for plain, lead, rows, own, ids in later_chunks(engine, request):
             full = [flat(layer[1][0][:, rows]) for layer in kv]
             tally.chunk(full, torch.stack([flat(r[1][:, own]) for r in plain.kv]),
-                        torch.stack([flat(r[1][:, own]) for r in lead.kv]), torch.tensor(enc.ids)[own], args.share)
+                        torch.stack([flat(r[1][:, own]) for r in lead.kv]), ids, args.share)
         print(f"{i + 1}/{len(qs)}", flush=True)
     records, guesses = tally.records_summary(), tally.estimates_summary()
     for lo, hi in bands(tally.layers):
