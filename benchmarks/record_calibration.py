@@ -30,15 +30,17 @@ import argparse
 import torch
 
 from runfile import RunRecord, add_common
-from stale_rows import ask, bands, flat, later_chunks, warmed_examples
+from stale_rows import ask, bands, flat, later_chunks, stale_mask, warmed_examples
 
 PARTS = {"K": (0,), "V": (1,), "KV": (0, 1)}
 
 
 def unrotated(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Keys [heads, n, d] rotated by RoPE at the positions of ``cos``/``sin`` [n, d], back to before it."""
-    half = keys.shape[-1] // 2
-    return keys * cos - torch.cat((-keys[..., half:], keys[..., :half]), -1) * sin
+    """Keys [heads, n, d] rotated by RoPE at the positions of ``cos``/``sin`` [n, d], back to before
+    it: the model's own rotation by the opposite angles."""
+    from cacheblend.blending.rope import apply_rope
+
+    return apply_rope(keys, cos, -sin)
 
 
 class Maps:
@@ -85,14 +87,6 @@ class Maps:
         return out
 
 
-def stale_rows(full_v1: torch.Tensor, record_v1: torch.Tensor, share: float = 0.15) -> torch.Tensor:
-    """[n] bool: the rows outside the top ``share`` by V deviation at layer 1."""
-    n = full_v1.shape[0]
-    stale = torch.ones(n, dtype=torch.bool)
-    stale[torch.topk((full_v1 - record_v1).pow(2).sum(1), max(1, min(n - 1, round(share * n)))).indices] = False
-    return stale
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap, quick="1 development fact question to fit, 1 to measure")
@@ -126,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                 cos, sin = adapter.rope(rows, adapter.rope_kinds[layer])
                 full.append((flat(unrotated(kv[layer][0][0][:, rows].float(), cos, sin)), flat(kv[layer][1][0][:, rows])))
             mine = plain.kv[:, :, :, own]
-            yield mine, full, stale_rows(full[1][1], flat(mine[1, 1]))
+            yield mine, full, stale_mask(full[1][1], flat(mine[1, 1]), 0.15)
 
     for q in fit_qs:
         req = ask(engine, q)

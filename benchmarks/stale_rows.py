@@ -66,6 +66,15 @@ def flat(x: torch.Tensor) -> torch.Tensor:
     return x.float().transpose(0, 1).reshape(x.shape[1], -1)
 
 
+def stale_mask(full_v1: torch.Tensor, record_v1: torch.Tensor, share: float) -> torch.Tensor:
+    """[n] bool: the rows a blend at ``share`` leaves stale, those outside the top ``share`` by V
+    deviation at layer 1 (``full_v1``, ``record_v1``: [n, dims]); at least one row each way."""
+    n = full_v1.shape[0]
+    stale = torch.ones(n, dtype=torch.bool)
+    stale[torch.topk((full_v1 - record_v1).pow(2).sum(1), max(1, min(n - 1, round(share * n)))).indices] = False
+    return stale
+
+
 def bands(layers: int) -> list[tuple[int, int]]:
     """The check layer to the end in quarters: [(1, a), (a, b), ...]."""
     cuts = [1, *(max(2, round(layers * q / 4)) for q in (1, 2, 3)), layers]
@@ -110,8 +119,7 @@ class Tally:
         if n < 3:  # no stale row left to guess, or nothing to guess it from
             return
         check = (full[1] - plain[1]).pow(2).sum(1)
-        sel = torch.zeros(n, dtype=torch.bool)
-        sel[torch.topk(check, max(1, min(n - 1, round(share * n)))).indices] = True
+        sel = ~stale_mask(full[1], plain[1], share)
         for layer in range(1, self.layers):
             dev = full[layer] - plain[layer]
             self.stale[layer] += dev[~sel].pow(2).sum()

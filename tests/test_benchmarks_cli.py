@@ -637,7 +637,7 @@ def test_record_calibration_maps_and_rope():
     assert torch.equal(out[0], kv[0]) and torch.equal(out[:, 0], kv[:, 0])  # layer 0 and K untouched
     rows = rc.flat(kv[2, 1])
     assert torch.allclose(rc.flat(out[2, 1]), rows + rows @ a + b, atol=1e-4)
-    stale = rc.stale_rows(rows + torch.arange(n)[:, None].float(), rows, share=0.25)
+    stale = rc.stale_mask(rows + torch.arange(n)[:, None].float(), rows, share=0.25)
     assert stale.sum() == n - 10 and not stale[-10:].any()  # the 10 rows deviating most are not stale
     positions = torch.arange(n) * 3.0
     freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
