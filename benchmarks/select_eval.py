@@ -205,14 +205,17 @@ for _share in (0.25, 0.5, 0.75):  # the named chunks get this share of the budge
 KNOBS = {
     "doubt": "doubt_margin",  # the doubt gate at margin t: where the answer is unsure, a full prefill takes over (docs/DOUBT-GATE.md)
     "spread": "spread",  # each stale row moves by A x its chunk's recomputed rows' mean deviation (docs/DEVIATION-SPREAD.md)
+    "lead": "lead_after_named",  # the chunks after the named one move this far toward their lead records
+    "margin": "lead_after_margin",  # ... only where the named chunk leads the next by this share (docs/LEXICAL-SELECTOR.md)
 }
 
 
 def knob_method(name: str) -> bool:
-    """Registers "<method> doubt <t>" or "<method> spread <A>" (``KNOBS``) when <method> is known."""
+    """Registers "<method> <knob> <value>" (``KNOBS``: "<method> doubt <t>", "<method> spread <A>", ...)
+    when <method> is known or is itself one (``"nb1 lexical+question 8% lead 0.5 margin 0.4"``)."""
     for word, field in KNOBS.items():
         base, sep, value = name.rpartition(f" {word} ")
-        if sep and base in METHODS and (word == "spread" or METHODS[base][1] is None):
+        if sep and (base in METHODS or knob_method(base)) and (word == "spread" or METHODS[base][1] is None):
             config, selector = METHODS[base]
             METHODS[name] = (replace(config, **{field: float(value)}), selector)
             return True

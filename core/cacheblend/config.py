@@ -60,18 +60,16 @@ class BlendConfig:
             0 for none (CacheBlend's own warming). Chunks computed behind a passage like them blend
             much closer to full prefill (``cacheblend.neighbours``; 1 was chosen on the development
             fact set, where 2 was no better and 4 worse, and confirmed on the reporting splits:
-            docs/TUNING.md); warming costs about twice as long. Part of the fingerprint: KV warmed behind neighbours never
-            mixes with KV warmed alone, and is reused wherever the chunk lands, whatever it is
-            retrieved with (its K is stored before RoPE, like any chunk's).
+            docs/TUNING.md); warming costs about twice as long. Part of the fingerprint: such KV never mixes
+            with KV warmed alone, and is reused wherever the chunk lands (its K is stored before RoPE).
         lead_alone: with ``neighbours`` > 0, each chunk's KV is also kept as computed behind the
             chunk context alone (a second record, the ``lead`` variant), and the prompt's first chunk
             reads that one: nothing but the prompt's head precedes it, so KV that has seen a
             neighbour would carry a passage the prompt does not hold. Later chunks read the KV
             warmed behind neighbours. At the same TTFT this cut the KL of the blend to full prefill
-            by 39% on the development fact set and 10% on development pydoc prompts
-            (docs/TUNING.md); it costs a second record
-            per chunk (twice the store bytes) and about 8% of warm time (a chunk's alone KV comes
-            free from warming the chunk that has it as neighbour; the others are batched alone).
+            by 39% on the development fact set and 10% on development pydoc prompts (docs/TUNING.md);
+            it costs a second record per chunk (twice the store bytes) and about 8% of warm time
+            (a chunk's alone KV comes free from warming the chunk that has it as neighbour).
         kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and
             Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16);
             ``int4`` the same in 4 bits with groups of 32 (about 0.31x; see docs/STORES.md for its cost).
@@ -113,9 +111,10 @@ class BlendConfig:
         lead_after_named: with lead records and ``selector="lexical"``, how far the chunks after the
             one the question names move from their neighbour-warmed records toward their lead records:
             0 (False) not at all, 1 (True) all the way, 0.5 halfway (docs/LEXICAL-SELECTOR.md).
-        spread: from the first check layer on, each reused row not recomputed moves by this share of
-            the mean KV deviation (fresh - stored) of its chunk's recomputed rows (0: off;
-            ``blending.spread``, docs/DEVIATION-SPREAD.md).
+        lead_after_margin: ``lead_after_named`` only where the named chunk's score leads the next
+            best's by at least this share of its own (0: always; a tie, as in multi-hop questions, is 0).
+        spread: from the first check layer on, each reused row not recomputed moves by this share of the mean
+            KV deviation (fresh - stored) of its chunk's recomputed rows (0: off; docs/DEVIATION-SPREAD.md).
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -143,6 +142,7 @@ class BlendConfig:
     doubt_margin: float = 0.0
     doubt_ratio: float = 1.0
     lead_after_named: float = 0.0
+    lead_after_margin: float = 0.0
     spread: float = 0.0
 
     def __post_init__(self) -> None:
@@ -161,7 +161,7 @@ class BlendConfig:
         if any(b > a for a, b in zip(self.ratios, self.ratios[1:])):
             raise ValueError(f"ratios must not increase from one check layer to the next, got {self.ratios}")
         _check_choice("selector", self.selector, SELECTORS)
-        for name in ("query_weight", "question_weight", "lexical_share", "spread"):
+        for name in ("query_weight", "question_weight", "lexical_share", "spread", "lead_after_margin"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
@@ -199,11 +199,11 @@ class BlendConfig:
             raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
         if self.auto_budget and self.selector == "question":
             raise ValueError("the auto budget reads its signal at a check layer; selector 'question' has none")
-        w = self.lead_after_named
+        w, gated = self.lead_after_named, self.lead_after_margin > 0
         lexical = self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
-        if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical):
+        if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical) or (gated and not w):
             raise ValueError(f"lead_after_named must be in [0, 1] (True: 1), above 0 only with selector='lexical' "
-                             f"(or 'lexical+question') and lead records; got {w!r}")
+                             f"(or 'lexical+question') and lead records, and for a lead_after_margin; got {w!r}")
         object.__setattr__(self, "lead_after_named", float(w))
 
     @property

@@ -99,12 +99,12 @@ class Prefiller:
 
     def _records(self, request: Request, chunks: list[list[int]], cfg: BlendConfig):
         """Step 2. With ``lead_after_named`` the chunks after the one the question names (its text
-        after the last chunk, tokenized as chunks are) read their lead records, or with a weight
-        below 1 their neighbour-warmed records moved that far toward them."""
+        after the last chunk, tokenized as chunks are; by ``lead_after_margin`` over the next chunk)
+        read their lead records, or with a weight below 1 their neighbour-warmed records moved that far toward them."""
         if not cfg.lead_after_named:
             return self.records(chunks)
         tail = request.text.text[request.text.chunks[-1].end:]
-        named = named_before_blend(chunks, list(self.encode_chunk(tail).ids) if tail else [])
+        named = named_before_blend(chunks, list(self.encode_chunk(tail).ids) if tail else [], cfg.lead_after_margin)
         if named is None:
             return self.records(chunks)
         return self.records(chunks, lead_from=named + 1, lead_weight=cfg.lead_after_named)

@@ -13,7 +13,7 @@ import torch
 
 from cacheblend import BlendConfig, LexicalSelector
 from cacheblend.blending.blend import blend_prefill
-from cacheblend.blending.lexical import chunk_scores, named_chunk, named_share
+from cacheblend.blending.lexical import chunk_scores, lead_margin, named_before_blend, named_chunk, named_share
 from cacheblend.blending.question import chunk_ids
 from cacheblend.blending.selection import Candidates, DeviationSelector, NoneSelector
 from cacheblend.blending.selectors import make_selector
@@ -292,6 +292,45 @@ def test_lead_after_named_half_way_reads_the_mean_of_each_chunks_two_records(mak
         near.toward(type(near)(near.key, near.kv[:, :, :, :-1], near.text), 0.5)
 
 
+def test_lead_margin_is_the_named_chunks_lead_over_the_next_as_a_share_of_its_score():
+    assert lead_margin(torch.tensor([0.0, 3.0, 1.0])) == pytest.approx(2 / 3)
+    assert lead_margin(torch.tensor([2.0, 0.5, 2.0])) == 0.0  # a tie
+    assert lead_margin(torch.tensor([0.0, 0.0, 4.0])) == 1.0  # one chunk alone holds the question's ids
+    assert lead_margin(torch.tensor([5.0])) == 1.0 and lead_margin(torch.tensor([])) == 0.0
+    assert lead_margin(torch.zeros(3)) == 0.0  # names none
+    chunks = [[1, 2], [99, 5, 7], [5, 8], [77]]  # 99 only in the second, 5 in the second and third
+    # second: log 4 + log 2, third: log 2 -> margin log 4 / (log 4 + log 2) = 2/3
+    assert named_before_blend(chunks, [99, 5], margin=0.66) == 1
+    assert named_before_blend(chunks, [99, 5], margin=0.67) is None
+    assert named_before_blend(chunks, [99, 5]) == 1
+    assert named_before_blend([[9], [99], [99]], [99]) == 1  # tied: the first of them, with no margin asked
+    assert named_before_blend([[9], [99], [99]], [99], margin=0.01) is None  # tied: gated out
+
+
+def test_lead_after_margin_gates_the_lead_records_by_the_named_chunks_lead(make_engine):
+    """``lead_after_margin``: the chunks after the named one read their lead records only where the
+    named chunk's score leads the next chunk's by at least the margin; below it the blend is the
+    default's, bit for bit, and at or above it ``lead_after_named``'s. The prompt's margin is read
+    from its own chunk and question ids (the text after the last chunk, tokenized as chunks are)."""
+    engine = make_engine("llama", neighbours=1, selector="lexical", auto_budget=True, auto_signal="named_share")
+    engine.warm(CHUNKS)
+    order = [CHUNKS[1], CHUNKS[0], CHUNKS[2]]  # the question names CHUNKS[0], second here
+    req = engine.request(chunks=order, query=QUESTION)
+    tail = req.text.text[req.text.chunks[-1].end:]
+    ids = [list(engine.kv.encode(c).ids) for c in order]
+    flat = torch.tensor([t for c in ids for t in c])
+    chunk = torch.tensor([i for i, c in enumerate(ids) for _ in c])
+    margin = lead_margin(chunk_scores(flat, chunk, torch.tensor(engine.kv.encode(tail).ids)))
+    assert 0 < margin < 1, margin  # another chunk holds one of the question's ids
+    lead = engine.prefill(chunks=order, query=QUESTION, config=replace(engine.config, lead_after_named=True))
+    plain = engine.prefill(chunks=order, query=QUESTION)
+    assert not torch.equal(lead.output.logits, plain.output.logits)
+    for gate, expect in ((margin, lead), (min(1.0, margin + 0.01), plain), (1.0, plain)):
+        cfg = replace(engine.config, lead_after_named=True, lead_after_margin=gate)
+        got = engine.prefill(chunks=order, query=QUESTION, config=cfg)
+        assert torch.equal(got.output.logits, expect.output.logits), gate
+
+
 def test_lead_after_named_needs_the_lexical_selector_and_lead_records():
     for bad in (dict(), dict(selector="lexical", lead_alone=False), dict(selector="lexical", neighbours=0)):
         with pytest.raises(ValueError, match="lead_after_named"):
@@ -302,3 +341,9 @@ def test_lead_after_named_needs_the_lexical_selector_and_lead_records():
     assert BlendConfig(selector="lexical", lead_after_named=True).lead_after_named == 1.0
     assert BlendConfig(selector="lexical", lead_after_named=0.5).lead_after_named == 0.5
     assert BlendConfig(lead_after_named=False).lead_after_named == 0.0
+    for bad in (-0.1, 1.5, "half", float("nan"), True):
+        with pytest.raises(ValueError, match="lead_after_margin"):
+            BlendConfig(selector="lexical", lead_after_named=True, lead_after_margin=bad)
+    with pytest.raises(ValueError, match="lead_after_margin"):  # a gate on nothing
+        BlendConfig(selector="lexical", lead_after_margin=0.5)
+    assert BlendConfig(selector="lexical", lead_after_named=0.5, lead_after_margin=0.4).lead_after_margin == 0.4

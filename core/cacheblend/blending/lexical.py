@@ -53,14 +53,25 @@ def named_chunk(scores: torch.Tensor, first_alone: bool = False) -> int | None:
     return None if best == 0 and first_alone else best
 
 
-def named_before_blend(chunks: list[list[int]], question_ids: list[int]) -> int | None:
+def lead_margin(scores: torch.Tensor) -> float:
+    """How far the best of ``chunk_scores`` leads the next best, as a share of the best: 1 when one
+    chunk alone holds the question's tokens, 0 on a tie (or when the question names none)."""
+    if scores.numel() == 0 or float(scores.max()) <= 0:
+        return 0.0
+    top = scores.topk(min(2, scores.numel())).values
+    return 1.0 if top.numel() == 1 else float((top[0] - top[1]) / top[0])
+
+
+def named_before_blend(chunks: list[list[int]], question_ids: list[int], margin: float = 0.0) -> int | None:
     """``named_chunk`` of a prompt's chunks (token ids, prompt order; the first read alone) before
-    any record is read: what ``BlendConfig(lead_after_named=True)`` reads its records by."""
+    any record is read, None where it leads the next chunk by less than ``margin`` (``lead_margin``):
+    what ``BlendConfig(lead_after_named=..., lead_after_margin=margin)`` reads its records by."""
     if not chunks or not question_ids:
         return None
     ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long)
     chunk = torch.tensor([i for i, c in enumerate(chunks) for _ in c], dtype=torch.long)
-    return named_chunk(chunk_scores(ids, chunk, torch.tensor(question_ids, dtype=torch.long)), first_alone=True)
+    scores = chunk_scores(ids, chunk, torch.tensor(question_ids, dtype=torch.long))
+    return named_chunk(scores, first_alone=True) if lead_margin(scores) >= margin else None
 
 
 def named_share(ids: torch.Tensor, chunk: torch.Tensor, question_ids: torch.Tensor, first_alone: bool = False) -> float:
