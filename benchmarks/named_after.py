@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/named_after.py --quick     # 1 dev fact question, the named chunk and "nb1 named after"
     .venv/bin/python benchmarks/named_after.py --by-target docs/runs/named_after_dev_qwen.json   # runs nothing
     .venv/bin/python benchmarks/named_after.py --lost docs/runs/named_lead_after_dev_qwen.json     # runs nothing
+    .venv/bin/python benchmarks/named_after.py --gate RUN_FILE TALLY_FILE "BASE" "LEAD"   # runs nothing
 
 On Qwen 0.5B's development facts the named chunk's budget (Qwen's default) loses the answers full
 prefill gets right mostly where the passage the question names is the prompt's second: there it
@@ -27,6 +28,12 @@ loses of them (the questions are generated again from the run's split, start and
 ``--lost`` reads the same files and says where each lost answer's value comes from: a value of
 another passage of the prompt (before or after the answer's passage), another attribute of the
 answer's own passage, or none of the prompt's values.
+
+``--gate`` reads a run file with two methods, ``BASE`` and ``LEAD`` (``BASE`` with
+``lead_after_named``), and ``named_ties.py --tally``'s file of the same prompts, and prints what
+``lead_after_margin=M`` would give for M from 0 to 0.7: per question ``LEAD``'s result where the
+prompt's named chunk leads the next by at least M (``lexical.lead_margin`` of the tally's scores),
+``BASE``'s elsewhere, the only prompts where the two differ (stop 52, docs/LEXICAL-SELECTOR.md).
 
 And one that recomputes nothing more, the answer to the diagnosis (the passages after the named one
 are what misleads the question, so they read the other record each chunk has):
@@ -66,7 +73,7 @@ from dataclasses import replace
 import torch
 
 import select_eval
-from cacheblend.blending.lexical import chunk_scores, named_chunk
+from cacheblend.blending.lexical import chunk_scores, lead_margin, named_chunk
 from cacheblend.blending.selection import Candidates, DeviationSelector, _top
 from cacheblend.stores.record import ChunkRecord
 from cacheblend.tools.factset import entities
@@ -237,8 +244,44 @@ def lost(path: str) -> str:
     return "\n".join(lines)
 
 
+MARGINS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+
+
+def gate(path: str, tally: str, base: str, lead: str) -> str:
+    """The table ``--gate`` prints: ``lead_after_margin`` at each of ``MARGINS``, from the per-question
+    rows of ``base`` and ``lead`` in the run file ``path`` and the chunk scores in ``tally``."""
+    run, scores = json.load(open(path)), {p["index"]: p["scores"] for p in json.load(open(tally))["prompts"]}
+    rows, start = run["questions"], run["meta"]["start"]
+    if base not in rows or lead not in rows:
+        raise SystemExit(f"{path}: needs per-question rows of {base!r} and {lead!r}; it has {sorted(rows)}")
+    full = rows["full prefill"]["right"]
+    margin = []
+    for j in range(len(full)):
+        s = torch.tensor(scores[start + j])  # a KeyError: the tally does not cover the run's prompts
+        margin.append(-1.0 if named_chunk(s, first_alone=True) is None else lead_margin(s))
+    graded = full[0] is not None
+    lines = [f"| lead_after_margin | prompts gated in (of {len(full)}) | kept | same answer | answer F1 vs full | mean KL |",
+             "|---|---|---|---|---|---|"]
+    for m in MARGINS:
+        pick = [rows[lead if margin[j] >= m else base] for j in range(len(full))]
+        col = lambda k: [p[k][j] for j, p in enumerate(pick)]  # noqa: E731
+        kept = sum(bool(a and b) for a, b in zip(full, col("right"))) if graded else "-"
+        lines.append(f"| {m} | {sum(x >= m for x in margin)} | {kept} | {sum(map(bool, col('agree')))} "
+                     f"| {sum(col('f1')) / len(full):.3f} | {sum(col('kl')) / len(full):.4f} |")
+    b = rows[base]
+    kept = sum(bool(a and r) for a, r in zip(full, b["right"])) if graded else "-"
+    lines.append(f"| ({base}) | 0 | {kept} | {sum(map(bool, b['agree']))} | {sum(b['f1']) / len(full):.3f} "
+                 f"| {sum(b['kl']) / len(full):.4f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--gate"]:
+        if len(argv) != 5:
+            raise SystemExit("usage: named_after.py --gate RUN_FILE TALLY_FILE BASE LEAD")
+        print(gate(*argv[1:]))
+        return
     if argv[:1] in (["--by-target"], ["--lost"]):
         table = by_target if argv[0] == "--by-target" else lost
         for path in argv[1:]:

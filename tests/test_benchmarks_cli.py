@@ -403,6 +403,30 @@ def test_named_after_lost_says_where_each_lost_value_comes_from():
         assert counts[0] == sum(1 for r, m in zip(right, rows[name]["right"]) if r and not m) == sum(counts[1:])
 
 
+def test_named_after_gate_takes_the_lead_rows_where_the_named_chunk_leads_by_the_margin(tmp_path):
+    """``--gate``: per question the LEAD method's row where the prompt's named chunk leads the next
+    chunk by at least M of its score, BASE's elsewhere. A tie leads by 0 (it takes LEAD's rows at
+    M = 0 only, as ``lead_after_named`` alone does); a prompt naming none, or whose best chunk is
+    the first (read alone: named by none), never does."""
+    scores = [[0, 4, 1, 0], [0, 2, 2, 0], [0, 0, 0, 0], [3, 1, 0, 0], [0, 1, 0, 0], [0, 5, 0, 4]]
+    # margins: 0.75, a tie (0), none, the first, 1, 0.2
+    (tmp_path / "tally.json").write_text(json.dumps({"prompts": [{"index": 10 + i, "scores": s} for i, s in enumerate(scores)]}))
+    q = lambda right, kl: {"right": right, "agree": [r > 0 for r in right], "f1": right, "kl": kl}  # noqa: E731
+    rows = {"full prefill": q([1.0] * 6, [0.0] * 6), "b": q([0.0] * 6, [0.5] * 6), "l": q([1.0] * 6, [0.1] * 6)}
+    (tmp_path / "run.json").write_text(json.dumps({"meta": {"start": 10}, "questions": rows}))
+    proc = _run([sys.executable, str(BENCH / "named_after.py"), "--gate", str(tmp_path / "run.json"),
+                 str(tmp_path / "tally.json"), "b", "l"])
+    assert proc.returncode == 0, proc.stderr
+    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in proc.stdout.splitlines()[2:]}
+    assert table["0.0"] == ["4", "4", "4", "0.667", "0.2333"]
+    assert table["0.2"] == ["3", "3", "3", "0.500", "0.3000"]
+    assert table["0.3"] == table["0.7"] == ["2", "2", "2", "0.333", "0.3667"]
+    assert table["(b)"] == ["0", "0", "0", "0.000", "0.5000"]
+    (tmp_path / "run.json").write_text(json.dumps({"meta": {"start": 12}, "questions": rows}))  # past the tally
+    assert _run([sys.executable, str(BENCH / "named_after.py"), "--gate", str(tmp_path / "run.json"),
+                 str(tmp_path / "tally.json"), "b", "l"]).returncode != 0
+
+
 def test_gate_eval_quick_and_its_policies(tmp_path):
     """gate_eval.py reads select_eval run files. A gate that escalates nothing is its base, one
     that escalates everything costs both passes and answers as the escalation; the AUC counts ties half."""
