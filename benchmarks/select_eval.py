@@ -215,6 +215,8 @@ def knob_method(name: str) -> bool:
     when <method> is known or is itself one (``"nb1 lexical+question 8% lead 0.5 margin 0.4"``)."""
     for word, field in KNOBS.items():
         base, sep, value = name.rpartition(f" {word} ")
+        if " " in value:  # another knob follows this one: the last knob is the outermost
+            continue
         if sep and (base in METHODS or knob_method(base)) and (word == "spread" or METHODS[base][1] is None):
             config, selector = METHODS[base]
             METHODS[name] = (replace(config, **{field: float(value)}), selector)

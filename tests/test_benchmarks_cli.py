@@ -162,6 +162,13 @@ def test_select_eval_knob_methods_add_one_field_to_a_known_method():
     assert select_eval.knob_method("nb1 oracle spread 0.5") and not select_eval.knob_method("nb1 oracle doubt 0.1")
     assert select_eval.METHODS["nb1 oracle spread 0.5"][1] is select_eval.METHODS["nb1 oracle"][1]
     assert not select_eval.knob_method("no such method spread 0.25") and not select_eval.knob_method("nb1 deviation")
+    # knobs compose, the last outermost: the gated lead records of Qwen's default (docs/LEXICAL-SELECTOR.md)
+    assert select_eval.knob_method("nb1 lexical+question 8% lead 0.5 margin 0.3")
+    base = select_eval.METHODS["nb1 lexical+question 8%"][0]
+    gated = select_eval.METHODS["nb1 lexical+question 8% lead 0.5 margin 0.3"][0]
+    assert gated == replace(base, lead_after_named=0.5, lead_after_margin=0.3)
+    assert select_eval.METHODS["nb1 lexical+question 8% lead 0.5"][0] == replace(base, lead_after_named=0.5)
+    assert not select_eval.knob_method("nb1 lexical+question 8% margin 0.3 lead")  # no value for the last
 
 
 def test_key_temperature_quick(tmp_path, tiny_model_dir):
