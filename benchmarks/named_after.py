@@ -254,24 +254,19 @@ def gate(path: str, tally: str, base: str, lead: str) -> str:
     rows, start = run["questions"], run["meta"]["start"]
     if base not in rows or lead not in rows:
         raise SystemExit(f"{path}: needs per-question rows of {base!r} and {lead!r}; it has {sorted(rows)}")
-    full = rows["full prefill"]["right"]
+    n = len(rows["full prefill"]["right"])
     margin = []
-    for j in range(len(full)):
+    for j in range(n):
         s = torch.tensor(scores[start + j])  # a KeyError: the tally does not cover the run's prompts
         margin.append(-1.0 if named_chunk(s, first_alone=True) is None else lead_margin(s))
-    graded = full[0] is not None
-    lines = [f"| lead_after_margin | prompts gated in (of {len(full)}) | kept | same answer | answer F1 vs full | mean KL |",
+    gated = {m: {k: [rows[lead if margin[j] >= m else base][k][j] for j in range(n)] for k in rows[base]} for m in MARGINS}
+    means = select_eval.summarize({"full prefill": rows["full prefill"], **gated, f"({base})": rows[base]})
+    lines = [f"| lead_after_margin | prompts gated in (of {n}) | kept | same answer | answer F1 vs full | mean KL |",
              "|---|---|---|---|---|---|"]
-    for m in MARGINS:
-        pick = [rows[lead if margin[j] >= m else base] for j in range(len(full))]
-        col = lambda k: [p[k][j] for j, p in enumerate(pick)]  # noqa: E731
-        kept = sum(bool(a and b) for a, b in zip(full, col("right"))) if graded else "-"
-        lines.append(f"| {m} | {sum(x >= m for x in margin)} | {kept} | {sum(map(bool, col('agree')))} "
-                     f"| {sum(col('f1')) / len(full):.3f} | {sum(col('kl')) / len(full):.4f} |")
-    b = rows[base]
-    kept = sum(bool(a and r) for a, r in zip(full, b["right"])) if graded else "-"
-    lines.append(f"| ({base}) | 0 | {kept} | {sum(map(bool, b['agree']))} | {sum(b['f1']) / len(full):.3f} "
-                 f"| {sum(b['kl']) / len(full):.4f} |")
+    for m, r in ((k, v) for k, v in means.items() if k != "full prefill"):
+        inside = sum(x >= m for x in margin) if m in MARGINS else 0
+        kept = "-" if r["kept"] is None else r["kept"]
+        lines.append(f"| {m} | {inside} | {kept} | {round(r['agree'] * n)} | {r['f1']:.3f} | {r['kl']:.4f} |")
     return "\n".join(lines)
 
 
