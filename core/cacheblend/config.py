@@ -203,7 +203,7 @@ class BlendConfig:
         lexical = self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
         if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical) or (gated and not w):
             raise ValueError(f"lead_after_named must be in [0, 1] (True: 1), above 0 only with selector='lexical' "
-                             f"(or 'lexical+question') and lead records, and for a lead_after_margin; got {w!r}")
+                             f"(or 'lexical+question') and lead records; a lead_after_margin needs it above 0; got {w!r}")
         object.__setattr__(self, "lead_after_named", float(w))
 
     @property
