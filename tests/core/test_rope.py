@@ -104,3 +104,24 @@ def test_realign_is_the_cast_then_apply_rope_bit_for_bit(store):
     assert out.dtype == torch.float32 and out.data_ptr() != cached.data_ptr()
     assert torch.equal(out[0], apply_rope(cached[0].float(), cos, sin))
     assert torch.equal(out[1], cached[1].float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(37, 16), (3, 37, 16), (1, 4, 37, 64)])
+def test_apply_rope_is_transformers_formula_bit_for_bit(dtype, shape):
+    """``apply_rope`` skips building ``rotate_half(x)``; it must still round exactly as
+    transformers' ``q * cos + rotate_half(q) * sin`` (Llama's ``apply_rotary_pos_emb``) in every
+    dtype, for queries and keys of any leading shape over [T, d] tables, the input untouched."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    gen = torch.Generator().manual_seed(len(shape))
+    x = (torch.randn(*shape, generator=gen) * 3).to(dtype)
+    before = x.clone()
+    angles = torch.rand(shape[-2], shape[-1] // 2, generator=gen) * 300
+    cos, sin = (torch.cat([f(angles)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+    while x.dim() < 4:
+        x = x[None]
+    ours = apply_rope(x, cos, sin)
+    theirs, _ = apply_rotary_pos_emb(x, x, cos[None], sin[None])  # [B, T, d] tables, heads unsqueezed
+    assert ours.dtype == theirs.dtype == dtype and torch.equal(ours, theirs)
+    assert torch.equal(x.reshape(before.shape), before)

@@ -27,9 +27,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotates ``x`` to the positions whose tables are ``cos``/``sin``.
 
     x: [..., T, head_dim]; cos, sin: [T, head_dim] (broadcast over the leading dims).
-    The formula is the one transformers uses, so fp32 results match it bit for bit.
+    The formula is the one transformers uses, ``x * cos + rotate_half(x) * sin``, so results match
+    it bit for bit in every dtype; it is computed without building ``rotate_half(x)`` and the sum:
+    ``x1 * cos - x2 * sin`` is what ``x1 * cos + (-x2) * sin`` rounds to, since negation is exact.
     """
-    return (x * cos) + (rotate_half(x) * sin)
+    return _add_rotated(x * cos, *_rotated_products(x, sin))
+
+
+def _rotated_products(x: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two halves of ``rotate_half(x) * sin`` up to the first half's sign: (x2 * sin1, x1 * sin2)."""
+    half = x.shape[-1] // 2
+    return x[..., half:] * sin[..., :half], x[..., :half] * sin[..., half:]
+
+
+def _add_rotated(out: torch.Tensor, x2_sin: torch.Tensor, x1_sin: torch.Tensor) -> torch.Tensor:
+    """``out + rotate_half(x) * sin`` in place, from ``_rotated_products(x, sin)``."""
+    half = out.shape[-1] // 2
+    out[..., :half].sub_(x2_sin)
+    out[..., half:].add_(x1_sin)
+    return out
 
 
 def realign(cached: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -45,11 +61,8 @@ def realign(cached: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: t
     out = torch.empty(cached.shape, dtype=dtype, device=cached.device)  # [2, Hkv, N, d]
     out.copy_(cached)
     k = out[0]  # [Hkv, N, d]
-    half = k.shape[-1] // 2
-    k1, k2 = k[..., :half], k[..., half:]
-    x2_sin, x1_sin = k2 * sin[:, :half], k1 * sin[:, half:]  # rotate_half(x) is (-x2, x1): the same products
-    k1.mul_(cos[:, :half]).sub_(x2_sin)
-    k2.mul_(cos[:, half:]).add_(x1_sin)
+    products = _rotated_products(k, sin)  # before k changes
+    _add_rotated(k.mul_(cos), *products)
     return out
 
 
