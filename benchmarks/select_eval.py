@@ -193,10 +193,6 @@ for _cap in (10, 15, 20):  # the same, capped: a named chunk over the cap gets i
 for _low in (5, 8):
     METHODS[f"nb1 lexical+question {_low}%"] = (replace(METHODS["nb1 lexical named"][0], selector="lexical+question",
                                                         question_layers="last_third", auto_min_ratio=_low / 100), None)
-# full reuse through the product's selector: ratio 0, but the records it reads chosen as its own are
-# ("nb1 lexical+question reuse lead 0.5 margin 0.3": the lead records after the named chunk too)
-METHODS["nb1 lexical+question reuse"] = (replace(METHODS["nb1 lexical+question 8%"][0], auto_budget=False, ratios=(0.0,)),
-                                         None)
 # the same, but where the prompt's first chunk reads its lead record, the question's score leaves it out
 for _low in (5, 8):
     _cfg = METHODS[f"nb1 lexical+question {_low}%"][0]

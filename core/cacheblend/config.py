@@ -23,7 +23,6 @@ KV_FIELDS = ("chunk_context", "neighbours", "lead_alone", "kv_dtype")
 BUDGET_SIGNALS = ("deviation", "concentration", "attention_other", "attention_entropy", "cached_share", "chunks",
                   "named_share")
 SHARE_SIGNALS = ("named_share",)  # a ratio themselves: the budget is the signal, within the bounds
-_LEAD_FIELDS = ("lead_after_named", "lead_after_margin")
 
 
 @dataclass(frozen=True)
@@ -36,80 +35,86 @@ class BlendConfig:
     change. A call's config that changes a ``KV_FIELDS`` value is refused, never ignored.
 
     Attributes:
-        check_layers: layers at which reused tokens are re-ranked by KV deviation. Layers before the first check layer
-            run a full prefill; several layers with shrinking ``ratios`` give the paper's "gradual filtering".
-        ratios: fraction of reused tokens still recomputed after each check layer (non-increasing). The last entry is
-            the recompute ratio: 1.0 reproduces full prefill, 0.0 is full reuse.
-        selector: which tokens to recompute: ``deviation`` (CacheBlend: fresh vs cached KV), ``lexical`` (the chunks
-            holding the question's rarer tokens, whole, best first, then deviation:
-            ``blending.lexical.LexicalSelector``, docs/LEXICAL-SELECTOR.md), ``lexical+question`` (the same, but where
-            the question names no chunk the question's attention over the model's depth picks, as ``question``'s does:
-            ``LexicalQuestionSelector``), ``query`` (the tokens the question attends to most at the check layer),
-            ``query+deviation`` (both, by weighted rank), ``random`` (ablation), ``chunk_start`` (EPIC-style, the
-            first tokens of each chunk), ``none`` or ``all``; ``question`` (ProphetKV-style: a full-reuse pass over
-            every layer scores each reused token by the attention the question's rows pay it, then the top share is
-            recomputed from layer 0; only the last ratio counts: ``QuestionSelector``, docs/QUESTION-SELECTOR.md);
+        check_layers: layers at which reused tokens are re-ranked by KV deviation. Layers before the
+            first check layer run a full prefill; several layers with shrinking ``ratios`` give the
+            paper's "gradual filtering".
+        ratios: fraction of reused tokens still recomputed after each check layer (non-increasing).
+            The last entry is the recompute ratio: 1.0 reproduces full prefill, 0.0 is full reuse.
+        selector: which tokens to recompute: ``deviation`` (CacheBlend: fresh vs cached KV),
+            ``lexical`` (the chunks holding the question's rarer tokens, whole, best first, then
+            deviation: ``blending.lexical.LexicalSelector``, docs/LEXICAL-SELECTOR.md),
+            ``lexical+question`` (the same, but where the question names no chunk the question's
+            attention over the model's depth picks, as ``question``'s does: ``LexicalQuestionSelector``),
+            ``query`` (the tokens the question attends to most at the check layer),
+            ``query+deviation`` (both, by weighted rank), ``random`` (ablation), ``chunk_start``
+            (EPIC-style, the first tokens of each chunk), ``none`` or ``all``; ``question``
+            (ProphetKV-style: a full-reuse pass over every layer scores each reused token by the
+            attention the question's rows pay it, then the top share is recomputed from layer 0;
+            only the last ratio counts: ``QuestionSelector``, docs/QUESTION-SELECTOR.md);
             ``question+deviation`` (that score and KV deviation by rank, at the check layers).
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
-        chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk starts at
-            position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat template's system header). It is
-            part of every chunk key.
-        neighbours: how many similar passages each chunk is warmed behind (after the chunk context), 0 for none
-            (CacheBlend's own warming). Chunks computed behind a passage like them blend much closer to full prefill
-            (``cacheblend.neighbours``; 1 was chosen on the development fact set, where 2 was no better and 4 worse,
-            and confirmed on the reporting splits: docs/TUNING.md); warming costs about twice as long. Part of the
-            fingerprint: such KV never mixes with KV warmed alone, and is reused wherever the chunk lands (its K is
-            stored before RoPE).
-        lead_alone: with ``neighbours`` > 0, each chunk's KV is also kept as computed behind the chunk context alone
-            (a second record, the ``lead`` variant), and the prompt's first chunk reads that one: nothing but the
-            prompt's head precedes it, so KV that has seen a neighbour would carry a passage the prompt does not hold.
-            Later chunks read the KV warmed behind neighbours. At the same TTFT this cut the KL of the blend to full
-            prefill by 39% on the development fact set and 10% on development pydoc prompts (docs/TUNING.md); it costs
-            a second record per chunk (twice the store bytes) and about 8% of warm time (a chunk's alone KV comes free
-            from warming the chunk that has it as neighbour).
-        kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and Redis (keys per
-            channel before RoPE, values per token; about 0.51x the bytes of fp16); ``int4`` the same in 4 bits with
-            groups of 32 (about 0.31x; see docs/STORES.md for its cost).
+        chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
+            starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
+            template's system header). It is part of every chunk key.
+        neighbours: how many similar passages each chunk is warmed behind (after the chunk context),
+            0 for none (CacheBlend's own warming). Chunks computed behind a passage like them blend
+            much closer to full prefill (``cacheblend.neighbours``; 1 was chosen on the development
+            fact set, where 2 was no better and 4 worse, and confirmed on the reporting splits:
+            docs/TUNING.md); warming costs about twice as long. Part of the fingerprint: such KV never mixes
+            with KV warmed alone, and is reused wherever the chunk lands (its K is stored before RoPE).
+        lead_alone: with ``neighbours`` > 0, each chunk's KV is also kept as computed behind the
+            chunk context alone (a second record, the ``lead`` variant), and the prompt's first chunk
+            reads that one: nothing but the prompt's head precedes it, so KV that has seen a
+            neighbour would carry a passage the prompt does not hold. Later chunks read the KV
+            warmed behind neighbours. At the same TTFT this cut the KL of the blend to full prefill
+            by 39% on the development fact set and 10% on development pydoc prompts (docs/TUNING.md);
+            it costs a second record per chunk (twice the store bytes) and about 8% of warm time
+            (a chunk's alone KV comes free from warming the chunk that has it as neighbour).
+        kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and
+            Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16);
+            ``int4`` the same in 4 bits with groups of 32 (about 0.31x; see docs/STORES.md for its cost).
         seed: seed of the random selector.
         query_weight: weight of the query rank against the deviation rank in ``query+deviation``.
-        sinks: the first ``sinks`` tokens of every chunk are recomputed before any other (EPIC's attention sinks),
-            with ``deviation``, ``query`` and ``query+deviation``.
-        fresh_check: keep the fresh K/V of every row at a check layer (they are computed there anyway), not only of
-            the selected rows. No effect with ``question``.
-        question_layers: which layers' question attention the ``question`` selector fuses: ``all``, ``last_third``
-            (the last ceil(L/3) layers) or ``last`` (the last layer alone).
-        question_heads: how it fuses the heads of a layer: ``mean`` or ``max`` of the attention mass each head's
-            question rows pay a token.
-        question_per_chunk: divide each token's fused score by its chunk's total, so every chunk holds the same score
-            mass (the budget then goes where attention is peaked within a chunk rather than to the chunks the question
-            reads most).
-        question_weight: weight of the question rank against the deviation rank in ``question+deviation``.
-        lexical_share: the share of the budget the ``lexical`` selector gives the chunks the question names (whole,
-            best first); the rest goes by deviation over every chunk.
-        auto_budget: the adaptive recompute budget (``with_ratio("auto")``, ``recompute_ratio="auto"`` on a prefill):
-            at the check layer, before picking, ``blending.budget`` reads ``auto_signal`` for the request and
-            recomputes ``auto_max_ratio`` of the reused tokens when it is at least ``auto_threshold``,
-            ``auto_min_ratio`` otherwise (docs/ADAPTIVE-BUDGET.md). One check layer; not with ``question`` (no check
-            layer runs before its pick). ``ratios`` are then unused (``with_ratio(r)`` goes back to them). The
-            defaults (deviation, 5-30%, threshold 0.00096) are fitted on SmolLM2's development data to a mean of 15%;
-            the threshold is model-specific, and auto kept no more answers than the fixed 15% there.
-            ``auto_signal="named_share"`` (with ``selector="lexical"``) recomputes exactly the chunk the question
-            names most, whole: the ratio is that chunk's share of the reused tokens, within the bounds
-            (``auto_min_ratio`` when it names none).
-        doubt_margin: the doubt gate, a budget the answer decides (0: off). While an answer is decoded, when the
-            likeliest next token's probability exceeds the second's by less than ``doubt_margin``, the prompt is
-            prefilled again at ``doubt_ratio`` (once per request) and decoding goes on from that cache, the tokens
-            already generated fed after it (docs/DOUBT-GATE.md; ``BlendStats.doubt_step`` and ``redone_tokens`` report
-            a redo).
-        doubt_ratio: the recompute ratio of the doubt gate's second prefill (1.0: a full prefill); a prefill already
-            at or above it has no gate.
-        lead_after_named: with lead records and ``selector="lexical"``, how far the chunks after the one the question
-            names move from their neighbour-warmed records toward their lead records: 0 (False) not at all, 1 (True)
-            all the way, 0.5 halfway (docs/LEXICAL-SELECTOR.md).
-        lead_after_margin: ``lead_after_named`` only where the named chunk's score leads the next best's by at least
-            this share of its own (0: always; a tie, as in multi-hop questions, is 0).
-        spread: from the first check layer on, each reused row not recomputed moves by this share of the mean KV
-            deviation (fresh - stored) of its chunk's recomputed rows (0: off; docs/DEVIATION-SPREAD.md).
+        sinks: the first ``sinks`` tokens of every chunk are recomputed before any other (EPIC's
+            attention sinks), with ``deviation``, ``query`` and ``query+deviation``.
+        fresh_check: keep the fresh K/V of every row at a check layer (they are computed there
+            anyway), not only of the selected rows. No effect with ``question``.
+        question_layers: which layers' question attention the ``question`` selector fuses: ``all``,
+            ``last_third`` (the last ceil(L/3) layers) or ``last`` (the last layer alone).
+        question_heads: how it fuses the heads of a layer: ``mean`` or ``max`` of the attention mass
+            each head's question rows pay a token.
+        question_per_chunk: divide each token's fused score by its chunk's total, so every chunk
+            holds the same score mass (the budget then goes where attention is peaked within a
+            chunk rather than to the chunks the question reads most).
+        question_weight: weight of the question rank against the deviation rank in
+            ``question+deviation``.
+        lexical_share: the share of the budget the ``lexical`` selector gives the chunks the
+            question names (whole, best first); the rest goes by deviation over every chunk.
+        auto_budget: the adaptive recompute budget (``with_ratio("auto")``, ``recompute_ratio="auto"``
+            on a prefill): at the check layer, before picking, ``blending.budget`` reads
+            ``auto_signal`` for the request and recomputes ``auto_max_ratio`` of the reused tokens when
+            it is at least ``auto_threshold``, ``auto_min_ratio`` otherwise (docs/ADAPTIVE-BUDGET.md).
+            One check layer; not with ``question`` (no check layer runs before its pick). ``ratios``
+            are then unused (``with_ratio(r)`` goes back to them). The defaults (deviation, 5-30%,
+            threshold 0.00096) are fitted on SmolLM2's development data to a mean of 15%; the
+            threshold is model-specific, and auto kept no more answers than the fixed 15% there.
+            ``auto_signal="named_share"`` (with ``selector="lexical"``) recomputes exactly the
+            chunk the question names most, whole: the ratio is that chunk's share of the reused
+            tokens, within the bounds (``auto_min_ratio`` when it names none).
+        doubt_margin: the doubt gate, a budget the answer decides (0: off). While an answer is
+            decoded, when the likeliest next token's probability exceeds the second's by less than
+            ``doubt_margin``, the prompt is prefilled again at ``doubt_ratio`` (once per request)
+            and decoding goes on from that cache, the tokens already generated fed after it
+            (docs/DOUBT-GATE.md; ``BlendStats.doubt_step`` and ``redone_tokens`` report a redo).
+        doubt_ratio: the recompute ratio of the doubt gate's second prefill (1.0: a full prefill);
+            a prefill already at or above it has no gate.
+        lead_after_named: with lead records and ``selector="lexical"``, how far the chunks after the
+            one the question names move from their neighbour-warmed records toward their lead records:
+            0 (False) not at all, 1 (True) all the way, 0.5 halfway (docs/LEXICAL-SELECTOR.md).
+        lead_after_margin: ``lead_after_named`` only where the named chunk's score leads the next
+            best's by at least this share of its own (0: always; a tie, as in multi-hop questions, is 0).
+        spread: from the first check layer on, each reused row not recomputed moves by this share of the mean
+            KV deviation (fresh - stored) of its chunk's recomputed rows (0: off; docs/DEVIATION-SPREAD.md).
     """
 
     check_layers: tuple[int, ...] = (1,)
@@ -156,8 +161,7 @@ class BlendConfig:
         if any(b > a for a, b in zip(self.ratios, self.ratios[1:])):
             raise ValueError(f"ratios must not increase from one check layer to the next, got {self.ratios}")
         _check_choice("selector", self.selector, SELECTORS)
-        for name in ("query_weight", "question_weight", "lexical_share", "spread", "lead_after_margin",
-                     "auto_min_ratio", "auto_max_ratio", "doubt_margin"):
+        for name in ("query_weight", "question_weight", "lexical_share", "spread", "lead_after_margin"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
@@ -174,12 +178,18 @@ class BlendConfig:
         _check_choice("chunk_context", self.chunk_context, CHUNK_CONTEXTS)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
         self._check_auto()
-        r = self.doubt_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1:
-            raise ValueError(f"doubt_ratio must be a number in (0, 1], got {r!r}")
+        for name, low_open in (("doubt_margin", False), ("doubt_ratio", True)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0 \
+                    or (low_open and value == 0.0):
+                raise ValueError(f"{name} must be a number in {'(0' if low_open else '[0'}, 1], got {value!r}")
 
     def _check_auto(self) -> None:
         _check_choice("auto_signal", self.auto_signal, BUDGET_SIGNALS)
+        for name in ("auto_min_ratio", "auto_max_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
         if self.auto_min_ratio > self.auto_max_ratio:
             raise ValueError(f"auto_min_ratio {self.auto_min_ratio} is above auto_max_ratio {self.auto_max_ratio}")
         t = self.auto_threshold
@@ -190,15 +200,11 @@ class BlendConfig:
         if self.auto_budget and self.selector == "question":
             raise ValueError("the auto budget reads its signal at a check layer; selector 'question' has none")
         w, gated = self.lead_after_named, self.lead_after_margin > 0
-        if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not self.can_lead) or (gated and not w):
+        lexical = self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
+        if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical) or (gated and not w):
             raise ValueError(f"lead_after_named must be in [0, 1] (True: 1), above 0 only with selector='lexical' "
                              f"(or 'lexical+question') and lead records; a lead_after_margin needs it above 0; got {w!r}")
         object.__setattr__(self, "lead_after_named", float(w))
-
-    @property
-    def can_lead(self) -> bool:
-        """Whether ``lead_after_named`` may be set: a lexical selector, and lead records to move toward."""
-        return self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
 
     @property
     def recompute_ratio(self) -> float:
@@ -228,16 +234,11 @@ class BlendConfig:
         chose (``models/catalog.py``, ``CatalogModel.blend``: Qwen 0.5B recomputes the chunk the question
         names, else what it attends to: docs/QUESTION-SELECTOR.md), else the package default; ``fields`` override
         either (``BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0)``), but for those
-        given as None (a command-line flag left out), which keep the model's. The model's
-        ``lead_after_*`` go with its lexical selector and lead records: an override that drops
-        either, or sets ``lead_after_named`` to 0, drops them too."""
+        given as None (a command-line flag left out), which keep the model's."""
         from .models.catalog import MODELS
 
-        given = {k: v for k, v in fields.items() if v is not None}
-        merged = (dict(MODELS[model].blend) if model in MODELS else {}) | given
-        unled = {k: v for k, v in merged.items() if k not in _LEAD_FIELDS or k in given}  # the model's own dropped
-        probe = cls(**{k: v for k, v in unled.items() if k not in _LEAD_FIELDS})
-        return cls(**(merged if merged.get("lead_after_named") and probe.can_lead else unled))
+        chosen = dict(MODELS[model].blend) if model in MODELS else {}
+        return cls(**(chosen | {k: v for k, v in fields.items() if v is not None}))
 
     def check_model_layers(self, num_layers: int) -> None:
         """ValueError when a check layer is past the last layer of a ``num_layers``-layer model."""

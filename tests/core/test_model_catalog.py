@@ -43,29 +43,16 @@ def test_every_pin_is_exact_and_the_qwen_parts_add_up_to_its_gguf():
 
 def test_qwen_starts_from_the_named_chunks_budget_and_every_other_model_from_the_default():
     """A catalogue alias's config is the package default with the fields its reporting splits chose
-    (only Qwen's differ: the chunk the question names, recomputed whole, else what the question attends to; halfway
-    to lead records after it where it names one alone); explicit fields win, and a model the catalogue does not
-    name gets the package default."""
+    (only Qwen's differ: the chunk the question names, recomputed whole, else what the question attends to); explicit fields win, and a
+    model the catalogue does not name gets the package default."""
     from cacheblend import BlendConfig
 
     qwen = BlendConfig.for_model("qwen2.5-0.5b-instruct")
     assert (qwen.selector, qwen.auto_budget, qwen.auto_signal) == ("lexical+question", True, "named_share")
     assert (qwen.question_layers, qwen.auto_min_ratio, qwen.auto_max_ratio) == ("last_third", 0.08, 0.3)
-    assert (qwen.lead_after_named, qwen.lead_after_margin) == (0.5, 0.3)
     assert qwen.kv_differences(BlendConfig()) == {}  # the same KV: one store serves both configs
-    # an override that leaves no lead records or no lexical selector drops the lead fields with it
-    no_lead = (0.0, 0.0)
-    for override in ({"neighbours": 0}, {"lead_alone": False}, {"selector": "deviation", "auto_budget": False},
-                     {"lead_after_named": 0}, {"lead_after_named": False}):
-        cfg = BlendConfig.for_model("qwen2.5-0.5b-instruct", **override)
-        assert (cfg.lead_after_named, cfg.lead_after_margin) == no_lead, override
-        assert all(getattr(cfg, k) == v for k, v in override.items()), override
-    kept = BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="lexical", lead_after_margin=0.6, lead_after_named=None)
-    assert (kept.selector, kept.lead_after_named, kept.lead_after_margin) == ("lexical", 0.5, 0.6)
-    with pytest.raises(ValueError, match="lead_after_named"):  # asked for, not possible: refused, not dropped
-        BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0, lead_after_margin=0.3)
-    with pytest.raises(ValueError, match="lead_after_named"):
-        BlendConfig.for_model("smollm2-135m-instruct", lead_after_margin=0.3)
+    assert BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0).neighbours == 0
+    assert BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="deviation", auto_budget=False).selector == "deviation"
     for other in ("smollm2-135m-instruct", "gemma3-270m", "org/any-hf-model", "/a/local/folder"):
         assert BlendConfig.for_model(other) == BlendConfig(), other
     assert BlendConfig.for_model("gemma3-270m", ratios=(0.3,)).ratios == (0.3,)

@@ -75,14 +75,10 @@ _GEMMA_PART = 63_963_136
 # Recompute the chunk the question names most, whole (8-30% of the reused tokens), and where it
 # names none, the 8% the question's attention over the last third of the layers picks: on Qwen 0.5B's
 # fresh MuSiQue 125-149 F1 0.909 (the named chunk alone 0.908), on its pydoc 12-23 median KL 0.0232
-# (0.0285); SmolLM2 and Gemma 3 gain nothing from naming. Where the question names one passage alone
-# (its score leads the next passage's by 0.3 of its own), the passages after it read records halfway
-# to their lead records: reporting facts keep 44 answers of 47 against 40 at the same KL, MuSiQue 50-74
-# F1 0.765 against 0.763. The rules these passed, set before their runs, and the run files:
-# docs/LEXICAL-SELECTOR.md, docs/QUESTION-SELECTOR.md.
+# (0.0285); SmolLM2 and Gemma 3 gain nothing from naming. The rules these passed, set before their
+# runs, and the run files: docs/LEXICAL-SELECTOR.md, docs/QUESTION-SELECTOR.md.
 _NAMED_CHUNK = (("selector", "lexical+question"), ("question_layers", "last_third"), ("auto_budget", True),
-                ("auto_signal", "named_share"), ("auto_min_ratio", 0.08), ("auto_max_ratio", 0.3),
-                ("lead_after_named", 0.5), ("lead_after_margin", 0.3))
+                ("auto_signal", "named_share"), ("auto_min_ratio", 0.08), ("auto_max_ratio", 0.3))
 
 MODELS: dict[str, CatalogModel] = {m.alias: m for m in (
     CatalogModel(
