@@ -13,8 +13,10 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name != "runfile.py")  # runfile.py: the shared module
 NO_MODEL = {"frontier.py", "figures.py", "gate_eval.py"}  # they run no model
+NO_GIT = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0
 
 
 def _env() -> dict:
@@ -97,27 +100,80 @@ def test_default_model_is_the_engines():
     assert DEFAULT_MODEL == ALIAS
 
 
-def _quick(script: str, tmp_path: Path, model: str | None, *extra: str) -> dict:
-    run_file = tmp_path / "run.json"
-    args = [sys.executable, str(BENCH / script), "--quick", "--run-file", str(run_file), *extra]
-    if model is not None:
-        args += ["--model", model]
-    proc = _run(args)
+class QuickRun(NamedTuple):
+    """A finished quick run: its run file's contents and the folder it wrote in (``{dir}`` in its
+    arguments)."""
+
+    data: dict
+    dir: Path
+
+
+def quick(script: str, *extra: str, model: bool = True):
+    """Marks a test that reads ``script``'s quick run (``--quick --run-file DIR/run.json`` and
+    ``extra``, ``{dir}`` in them standing for DIR; ``--model`` the tiny Llama unless ``model`` is
+    false): the ``quick_run`` fixture hands the test that run, checked."""
+    return pytest.mark.quick_run(script, *extra, model=model)
+
+
+def _spec(mark) -> tuple:
+    return (mark.args[0], tuple(mark.args[1:]), mark.kwargs.get("model", True))
+
+
+def _launch(spec: tuple, folder: Path, tiny_model: str) -> subprocess.CompletedProcess:
+    script, extra, model = spec
+    args = [sys.executable, str(BENCH / script), "--quick", "--run-file", str(folder / "run.json")]
+    args += [a.replace("{dir}", str(folder)) for a in extra]
+    return _run(args + (["--model", tiny_model] if model else []))
+
+
+@pytest.fixture(scope="module")
+def quick_runs(request, tmp_path_factory, tiny_model_dir):
+    """The quick runs of this module's selected tests (``@quick``), all started when the first is
+    asked for and run two at a time, in the tests' order: spec -> (future of the finished
+    process, its folder). Each run is one interpreter on one torch thread
+    (``OMP_NUM_THREADS=1``), so one at a time left a core idle; two at a time they take about half
+    as long (docs/runs/ci_suite.json). The scripts share no file: each writes in its own folder,
+    and those that need more (a git worktree, a store, a server) make their own."""
+    specs = []
+    for item in request.session.items:
+        mark = item.get_closest_marker("quick_run")
+        skipped = any(m.args and m.args[0] is True for m in item.iter_markers("skipif"))
+        if mark is not None and not skipped and item.module is request.module and _spec(mark) not in specs:
+            specs.append(_spec(mark))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {}
+        for spec in specs:
+            folder = tmp_path_factory.mktemp(f"quick-{spec[0][:-3]}")
+            runs[spec] = (pool.submit(_launch, spec, folder, tiny_model_dir), folder)
+        yield runs
+        for future, _ in runs.values():
+            future.cancel()  # those of tests that stopped before reading them
+
+
+@pytest.fixture
+def quick_run(request, quick_runs, tiny_model_dir) -> QuickRun:
+    """This test's quick run (its ``@quick`` mark), finished, its exit code and run file checked: the
+    run file names its command, commit, date, model and machine load."""
+    spec = _spec(request.node.get_closest_marker("quick_run"))
+    future, folder = quick_runs[spec]
+    proc = future.result()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(run_file.read_text())
+    data = json.loads((folder / "run.json").read_text())
     run = data["run"]
+    script, _, model = spec
     assert run["command"].startswith(f"python benchmarks/{script} --quick --run-file ")
     assert run["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", run["commit"])
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", run["date"])
     assert run["machine"]["cpu_count"] == os.cpu_count()
     assert len(run["machine"]["load_start"]) == 3 and len(run["machine"]["load_end"]) == 3
-    if script not in NO_MODEL:
-        assert run["model"] == (model or "smollm2-135m-instruct")
-    return data
+    if model:
+        assert run["model"] == tiny_model_dir
+    return QuickRun(data, folder)
 
 
-def test_facts_quick(tmp_path, tiny_model_dir):
-    data = _quick("facts.py", tmp_path, tiny_model_dir)
+@quick("facts.py")
+def test_facts_quick(quick_run):
+    data = quick_run.data
     rows = {r["setting"]: r for r in data["rows"]}
     assert data["questions"] == 2 and len(rows) == 4
     assert rows["full prefill"]["mean_kl"] == 0.0
@@ -126,22 +182,25 @@ def test_facts_quick(tmp_path, tiny_model_dir):
     assert rows["full reuse (alone)"]["mean_kl"] > 0
 
 
-def test_exact_prompts_quick(tmp_path, tiny_model_dir):
-    data = _quick("exact_prompts.py", tmp_path, tiny_model_dir)
+@quick("exact_prompts.py")
+def test_exact_prompts_quick(quick_run, tiny_model_dir):
+    data = quick_run.data
     assert [r["family"] for r in data["rows"]] == ["llama3_1", f"{tiny_model_dir} (real)"]
     for r in data["rows"]:
         assert r["identical"] and all(r["identical"].values()), r
         assert 0.9 <= r["reused_langchain"] <= 1.0 and 0.9 <= r["reused_llamaindex"] <= 1.0
 
 
-def test_store_bench_quick(tmp_path, tiny_model_dir):
-    res = _quick("store_bench.py", tmp_path, tiny_model_dir)["results"]
+@quick("store_bench.py")
+def test_store_bench_quick(quick_run):
+    res = quick_run.data["results"]
     assert set(res) == {"float16", "int8"}
     assert res["int8"]["bytes_per_token"] < 0.6 * res["float16"]["bytes_per_token"]
 
 
-def test_select_eval_quick(tmp_path, tiny_model_dir):
-    data = _quick("select_eval.py", tmp_path, tiny_model_dir)
+@quick("select_eval.py")
+def test_select_eval_quick(quick_run):
+    data = quick_run.data
     assert data["meta"]["count"] == 1 and set(data["methods"]) == {"full prefill", "reuse", "deviation"}
     assert data["methods"]["reuse"]["share"] < data["methods"]["deviation"]["share"] < 1.0
     rows = data["questions"]  # per question, what gate_eval.py reads: the blend's confidence among them
@@ -171,37 +230,40 @@ def test_select_eval_knob_methods_add_one_field_to_a_known_method():
     assert not select_eval.knob_method("nb1 lexical+question 8% margin 0.3 lead")  # no value for the last
 
 
-def test_key_temperature_quick(tmp_path, tiny_model_dir):
-    data = _quick("key_temperature.py", tmp_path, tiny_model_dir)
+@quick("key_temperature.py")
+def test_key_temperature_quick(quick_run):
+    data = quick_run.data
     methods = data["methods"]
     assert set(methods) == {"full prefill", "nb1 reuse", "nb1 reuse t0.9"}
     assert methods["nb1 reuse t0.9"]["share"] == methods["nb1 reuse"]["share"]  # the same rows recomputed
     assert methods["nb1 reuse t0.9"]["kl"] != methods["nb1 reuse"]["kl"]  # the temperature reached the blend
 
 
-def test_named_after_quick(tmp_path, tiny_model_dir):
+@quick("named_after.py")
+def test_named_after_quick(quick_run):
     """The first development question names its fourth passage (of six): recomputing it and the
     two after it, whole, recomputes more than the named chunk alone, from the same records; reading
     the lead records of those two recomputes as much and changes the blend."""
-    data = _quick("named_after.py", tmp_path, tiny_model_dir)
+    data = quick_run.data
     methods = data["methods"]
     assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named after", "nb1 named lead after"}
     assert methods["nb1 named after"]["share"] > methods["nb1 lexical named"]["share"] > 0.05
     # the same rows recomputed over other records (the two chunks after the named one: lead records)
     assert methods["nb1 named lead after"]["share"] == methods["nb1 lexical named"]["share"]
     assert methods["nb1 named lead after"]["kl"] != methods["nb1 lexical named"]["kl"]
-    proc = _run([sys.executable, str(BENCH / "named_after.py"), "--by-target", str(tmp_path / "run.json")])
+    proc = _run([sys.executable, str(BENCH / "named_after.py"), "--by-target", str(quick_run.dir / "run.json")])
     rows, right = data["questions"], data["questions"]["full prefill"]["right"]
     lost = [sum(1 for r, m in zip(right, rows[name]["right"]) if r and not m) for name in list(methods)[1:]]
     assert proc.returncode == 0 and f"| all | {sum(map(bool, right))} | " + " | ".join(map(str, lost)) + " |" in proc.stdout
     assert "| 4 of 6 |" in proc.stdout or not any(right)  # the question's answer is in its fourth passage
 
 
-def test_repair_ablation_quick(tmp_path, tiny_model_dir):
+@quick("repair_ablation.py")
+def test_repair_ablation_quick(quick_run):
     """The quick run ablates its one question whether lost or not: each set recomputes the passages it
     names (a set holding another's recomputes more), and recomputing every passage is a full prefill:
     every row recomputed, full prefill's answer to the token."""
-    data = _quick("repair_ablation.py", tmp_path, tiny_model_dir)
+    data = quick_run.data
     (case,) = data["cases"]
     tried = {a["label"]: a for a in case["ablations"]}
     others = [j for j in range(case["passages"]) if j != case["target"]]
@@ -214,10 +276,11 @@ def test_repair_ablation_quick(tmp_path, tiny_model_dir):
     assert data["summary"]["every passage"]["repaired"] == int(tried["all"]["right"])
 
 
-def test_named_plus_quick(tmp_path, tiny_model_dir):
+@quick("named_plus.py")
+def test_named_plus_quick(quick_run):
     """The named chunk plus 2% of the reused tokens by deviation among the others: the named chunk's
     rows and at most 2 points of the prompt more (the reused tokens are part of it), a changed blend."""
-    data = _quick("named_plus.py", tmp_path, tiny_model_dir)
+    data = quick_run.data
     methods = data["methods"]
     assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named +2%"}
     more = methods["nb1 named +2%"]["share"] - methods["nb1 lexical named"]["share"]
@@ -225,10 +288,11 @@ def test_named_plus_quick(tmp_path, tiny_model_dir):
     assert methods["nb1 named +2%"]["kl"] != methods["nb1 lexical named"]["kl"]
 
 
-def test_named_ties_quick(tmp_path, tiny_model_dir):
+@quick("named_ties.py", "--tally")
+def test_named_ties_quick(quick_run):
     """Three development fact questions, tokenized only: one score per chunk, the ties the scores
     say, and the count of them in the run's meta."""
-    data = _quick("named_ties.py", tmp_path, tiny_model_dir, "--tally")
+    data = quick_run.data
     prompts = data["prompts"]
     assert len(prompts) == 3 and all(len(p["scores"]) == 6 for p in prompts)
     for p in prompts:
@@ -259,10 +323,11 @@ def _three_chunks(ids: torch.Tensor, fresh_v: torch.Tensor, question: list[int])
                       question_ids=torch.tensor(question))
 
 
-def test_named_ties_blend_quick(tmp_path, tiny_model_dir):
+@quick("named_ties.py")
+def test_named_ties_blend_quick(quick_run):
     """One development fact question, which names one passage (no tie): the tie-breaks recompute
     the product's rows, and their blends are the product's to the last digit."""
-    methods = _quick("named_ties.py", tmp_path, tiny_model_dir)["methods"]
+    methods = quick_run.data["methods"]
     assert set(methods) == {"full prefill", "nb1 lexical named", "nb1 named ties first", "nb1 named ties none"}
     product = methods["nb1 lexical named"]
     assert product["share"] > 0.05
@@ -434,10 +499,11 @@ def test_named_after_gate_takes_the_lead_rows_where_the_named_chunk_leads_by_the
                  str(tmp_path / "tally.json"), "b", "l"]).returncode != 0
 
 
-def test_gate_eval_quick_and_its_policies(tmp_path):
+@quick("gate_eval.py", model=False)
+def test_gate_eval_quick_and_its_policies(quick_run):
     """gate_eval.py reads select_eval run files. A gate that escalates nothing is its base, one
     that escalates everything costs both passes and answers as the escalation; the AUC counts ties half."""
-    data = _quick("gate_eval.py", tmp_path, None)
+    data = quick_run.data
     assert data["fitted_on"].endswith("docs/runs/gate_dev.json") and data["runs"]
     sys.path.insert(0, str(BENCH))
     try:
@@ -491,42 +557,46 @@ def test_select_eval_can_move_the_answers_passage_first():
         examples("pydoc", "dev", 1, None, target="first")
 
 
-def test_neighbour_eval_quick(tmp_path, tiny_model_dir):
-    rows = _quick("neighbour_eval.py", tmp_path, tiny_model_dir)["rows"]
+@quick("neighbour_eval.py")
+def test_neighbour_eval_quick(quick_run):
+    rows = quick_run.data["rows"]
     assert {(r["blend"], r["warmed_behind"]) for r in rows} == {
         (b, w) for b in ("deviation 15%", "full reuse") for w in ("alone", "similar 1")}
 
 
-def test_tune_quick(tmp_path, tiny_model_dir):
-    data = _quick("tune.py", tmp_path, tiny_model_dir)
+@quick("tune.py")
+def test_tune_quick(quick_run):
+    data = quick_run.data
     assert data["prompts"] == 1 and len(data["results"]) == 8  # 3 contexts x 2, and 2 sweep settings
     assert all(row["kl"] >= 0 for rows in data["results"].values() for row in rows)
 
 
-def test_warm_rate_quick(tmp_path, tiny_model_dir):
-    rates = _quick("warm_rate.py", tmp_path, tiny_model_dir)["rates"]
+@quick("warm_rate.py")
+def test_warm_rate_quick(quick_run):
+    rates = quick_run.data["rates"]
     assert len(rates) == 6 and all(r["chunk_tokens_per_s"] > 0 for r in rates.values())
 
 
-def test_blend_ab_quick(tmp_path, tiny_model_dir):
-    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
-        pytest.skip("blend_ab.py compares against a git ref: this checkout has no git history")
-    data = _quick("blend_ab.py", tmp_path, tiny_model_dir)
+@pytest.mark.skipif(NO_GIT, reason="blend_ab.py compares against a git ref: this checkout has no git history")
+@quick("blend_ab.py")
+def test_blend_ab_quick(quick_run):
+    data = quick_run.data
     assert set(data["median_s"]) == {"new", "old", "full"} and len(data["max_diff"]) == 1
 
 
-def test_bench_serve_quick(tmp_path, tiny_model_dir):
-    data = _quick("bench_serve.py", tmp_path, tiny_model_dir, "--out", str(tmp_path / "out"))
+@quick("bench_serve.py", "--out", "{dir}/out")
+def test_bench_serve_quick(quick_run):
+    data = quick_run.data
     rows = {(r["mode"], r["concurrency"]): r for r in data["rows"]}
     assert set(rows) == {(m, c) for m in ("blend", "full prefill") for c in (1, 2)}
     assert all(rows[("blend", c)]["cached_share"] > 0.5 for c in (1, 2))  # the warmed passages were reused
     assert all(rows[("full prefill", c)]["cached_share"] == 0 for c in (1, 2))
-    assert (tmp_path / "out" / "bench_serve.png").stat().st_size > 0
+    assert (quick_run.dir / "out" / "bench_serve.png").stat().st_size > 0
 
 
-def test_frontier_quick(tmp_path):
-    out = tmp_path / "frontier.png"
-    data = _quick("frontier.py", tmp_path, None, str(out))
+@quick("frontier.py", "{dir}/frontier.png", model=False)
+def test_frontier_quick(quick_run):
+    out, data = quick_run.dir / "frontier.png", quick_run.data
     assert data["inputs"] == [str(ROOT / "docs/runs/select_pydoc_report.json")]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -568,10 +638,12 @@ DEDICATED = {f"{name[5:-6]}.py" for name in list(globals()) if name.startswith("
 DEDICATED |= {"figures.py", "gate_eval.py"}
 
 
-@pytest.mark.parametrize("script", [s for s in SCRIPTS if s not in DEDICATED])
-def test_quick_of_every_other_script(script, tmp_path, tiny_model_dir):
-    """A script added later gets at least this: its quick mode runs and writes a run file."""
-    _quick(script, tmp_path, None if script in NO_MODEL else tiny_model_dir)
+@pytest.mark.parametrize("script", [pytest.param(s, marks=quick(s, model=s not in NO_MODEL))
+                                    for s in SCRIPTS if s not in DEDICATED])
+def test_quick_of_every_other_script(script, quick_run):
+    """A script added later gets at least this: its quick mode runs and writes a run file (checked
+    by ``quick_run``)."""
+    assert quick_run.data["run"]["command"].startswith(f"python benchmarks/{script} ")
 
 
 def test_figures_every_marker_names_a_committed_file_and_the_readme_has_no_unmarked_figure():
@@ -635,8 +707,9 @@ def test_stale_rows_measures_what_it_says():
         assert all(v["removed"] == pytest.approx(0.0, abs=1e-9) for v in band.values())
 
 
-def test_stale_rows_quick(tmp_path, tiny_model_dir):
-    data = _quick("stale_rows.py", tmp_path, tiny_model_dir)
+@quick("stale_rows.py")
+def test_stale_rows_quick(quick_run):
+    data = quick_run.data
     assert data["count"] == 1 and data["chunks"] == 5  # the first development question: six passages
     rec = data["records"]
     assert all(b <= c + 1e-6 for b, c in zip(rec["best_over_plain"], rec["check_alpha_over_plain"]))  # the best is best
@@ -678,8 +751,9 @@ def test_record_calibration_maps_and_rope():
                           atol=1e-5)
 
 
-def test_record_calibration_quick(tmp_path, tiny_model_dir):
-    data = _quick("record_calibration.py", tmp_path, tiny_model_dir)
+@quick("record_calibration.py")
+def test_record_calibration_quick(quick_run):
+    data = quick_run.data
     methods = data["methods"]
     assert data["fit"] == 1 and data["count"] == 1 and len(methods) == 8
     # the maps reach the blend: a mapped method differs from its uncorrected base where it maps a layer
