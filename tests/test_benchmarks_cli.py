@@ -761,3 +761,34 @@ def test_record_calibration_quick(quick_run):
         base = "full reuse" if name.startswith("full reuse") else "deviation 15%"
         maps_a_layer = base == "full reuse" or data["layers"] > 2  # the blend's maps start at layer 2
         assert name == base or (row["kl"] != methods[base]["kl"]) == maps_a_layer, name
+
+
+def test_named_bridge_recomputes_the_passage_the_named_one_leads_to():
+    """Four chunks of 100 tokens. The question (ids 6 and 7) names chunk 1, which alone holds 6; chunk
+    2 holds 7 too (a question id: no bridge by it). Chunk 1 also holds 8 and 9, the first hop's
+    answer: chunk 3 holds 8, chunk 0 both. So the bridge is chunk 0, or chunk 3 when chunk 0 is read
+    alone. "bridge" adds it whole; "bridge 5%" its 20 most deviating tokens (5% of 400); with no
+    question id in any chunk, the named config's 5% by deviation."""
+    from cacheblend.blending.selection import Candidates
+
+    nb = _bench_module("named_bridge")
+    n = 400
+    ids = torch.full((n,), 5)
+    ids[[150, 160]], ids[[110, 120]], ids[250], ids[[310, 20, 30]] = 6, 8, 7, 8
+    ids[130], ids[40] = 9, 9
+    fresh = torch.zeros(2, n, 4)
+    fresh[:, 300:330, :] = torch.arange(30, 0, -1.0)[None, :, None]  # chunk 3's first 30 deviate, most first
+    fresh[:, 210:230, :] = 100.0  # chunk 2's deviate most of all: the control's pick, never the bridge's
+    zeros = torch.zeros_like(fresh)
+    cand = Candidates(layer=1, fresh_k=zeros, fresh_v=fresh, cached_k=zeros, cached_v=zeros, positions=torch.arange(n),
+                      chunk_offsets=torch.arange(n) % 100, ids=ids, question_ids=torch.tensor([6, 7]))
+    alone = Candidates(**{**cand.__dict__, "first_alone": True})
+    chunk = cand.chunks()
+    assert nb.bridge_chunk(ids, chunk, cand.question_ids, 1, False) == 0
+    assert nb.bridge_chunk(ids, chunk, cand.question_ids, 1, True) == 3
+    assert nb.bridge_chunk(ids, chunk, torch.tensor([6, 8, 9]), 1, True) is None  # the question holds the answer ids
+    assert sorted(nb.NamedBridge()(alone, 100).tolist()) == [*range(100, 200), *range(300, 400)]
+    assert sorted(nb.NamedBridge()(cand, 100).tolist()) == list(range(200))
+    assert sorted(nb.NamedBridge(0.05)(alone, 100).tolist()) == [*range(100, 200), *range(300, 320)]
+    none = Candidates(**{**alone.__dict__, "question_ids": torch.tensor([11])})
+    assert sorted(nb.NamedBridge(0.05)(none, 20).tolist()) == list(range(210, 230))
