@@ -632,6 +632,55 @@ def test_frontier_panel_merges_runs_over_the_same_questions_and_refuses_others(t
     assert named[1] == 0.3 and family("nb1 lexical named max15") == (named[0], 0.15)
 
 
+def test_chunk_oracle_recomputes_one_passage_and_picks_the_closest():
+    """``ChunkWhole(C)`` picks every token of chunk C and nothing else, whatever the budget (none past
+    the last chunk); ``best_chunks`` picks per question the chunk method with the highest F1 against
+    full prefill's answer, then the lowest KL, then the first chunk, and averages that pick."""
+    from cacheblend.blending.selection import Candidates
+
+    co = _bench_module("chunk_oracle")
+    n = 300
+    zeros = torch.zeros(2, n, 4)
+    cand = Candidates(layer=1, fresh_k=zeros, fresh_v=zeros, cached_k=zeros, cached_v=zeros, positions=torch.arange(n),
+                      chunk_offsets=torch.arange(n) % 100)
+    assert sorted(co.ChunkWhole(1)(cand, 5).tolist()) == list(range(100, 200))
+    assert sorted(co.ChunkWhole(2)(cand, 1000).tolist()) == list(range(200, 300))
+    assert co.ChunkWhole(3)(cand, 100).numel() == 0
+
+    def row(f1, kl, share, agree):
+        return {"f1": f1, "kl": kl, "share": share, "agree": agree}
+
+    run = {"questions": {
+        "full prefill": row([1.0, 1.0, 1.0], [0.0] * 3, [1.0] * 3, [True] * 3),
+        "nb1 reuse": row([0.5, 0.2, 0.9], [0.3, 0.4, 0.1], [0.01] * 3, [False] * 3),
+        "nb1 chunk 2": row([0.5, 0.2, 1.0], [0.1, 0.3, 0.05], [0.2] * 3, [False, False, True]),
+        "nb1 chunk 10": row([0.9, 0.2, 1.0], [0.2, 0.3, 0.04], [0.1] * 3, [False, False, True]),
+    }}
+    best = co.best_chunks(run)
+    # question 0: chunk 10's F1; 1: the same F1 and KL, the lower chunk; 2: the same F1, chunk 10's lower KL
+    assert best["picks"] == [10, 2, 10] and best["questions"] == 3
+    pick = best["methods"]["best single chunk"]
+    assert pick["f1"] == pytest.approx((0.9 + 0.2 + 1.0) / 3) and pick["same"] == 1
+    assert pick["kl"] == pytest.approx((0.2 + 0.3 + 0.04) / 3) and pick["share"] == pytest.approx((0.1 + 0.2 + 0.1) / 3)
+    assert best["methods"]["nb1 reuse"]["f1"] == pytest.approx(1.6 / 3) and "full prefill" not in best["methods"]
+    with pytest.raises(SystemExit, match="no 'nb1 chunk C' method"):
+        co.best_chunks({"questions": {"nb1 reuse": run["questions"]["nb1 reuse"]}})
+
+
+@quick("chunk_oracle.py")
+def test_chunk_oracle_quick(quick_run):
+    """One development fact question: each passage recomputed whole recomputes more than full reuse
+    over the same records, and ``--best`` reads the run file back into its table."""
+    data = quick_run.data
+    methods = data["methods"]
+    assert set(methods) == {"full prefill", "nb1 reuse", "nb1 chunk 1", "nb1 chunk 2"}
+    assert methods["nb1 chunk 1"]["share"] > methods["nb1 reuse"]["share"] + 0.1
+    assert methods["nb1 chunk 2"]["share"] > methods["nb1 reuse"]["share"] + 0.1
+    proc = _run([sys.executable, str(BENCH / "chunk_oracle.py"), "--best", str(quick_run.dir / "run.json")])
+    assert proc.returncode == 0, proc.stderr
+    assert "| best single chunk |" in proc.stdout and "best chunk per question: " in proc.stdout
+
+
 # Scripts whose quick run a test above already makes (``test_<name>_quick``) or that another test runs
 # (figures.py, gate_eval.py): the catch-all below would only run them a second time.
 DEDICATED = {f"{name[5:-6]}.py" for name in list(globals()) if name.startswith("test_") and name.endswith("_quick")}
@@ -792,3 +841,4 @@ def test_named_bridge_recomputes_the_passage_the_named_one_leads_to():
     assert sorted(nb.NamedBridge(0.05)(alone, 100).tolist()) == [*range(100, 200), *range(300, 320)]
     none = Candidates(**{**alone.__dict__, "question_ids": torch.tensor([11])})
     assert sorted(nb.NamedBridge(0.05)(none, 20).tolist()) == list(range(210, 230))
+
