@@ -60,22 +60,20 @@ def best_chunks(run: dict, prefix: str = "nb1 chunk ") -> dict:
     lowest KL, then the lowest C), from a run file's per-question rows; and the means over questions
     of that pick's F1, KL, recomputed share and same-answer count, beside every other method's."""
     rows = run["questions"]
-    chunks = sorted((m for m in rows if m.startswith(prefix)), key=lambda m: int(m[len(prefix):]))
-    if not chunks:
+    index = {m: int(m[len(prefix):]) for m in rows if m.startswith(prefix)}  # method -> C
+    if not index:
         raise SystemExit(f"the run has no '{prefix}C' method: run it with --methods naming them")
-    count = len(rows[chunks[0]]["f1"])
-    picks = [min(chunks, key=lambda m: (-rows[m]["f1"][i], rows[m]["kl"][i], int(m[len(prefix):])))
-             for i in range(count)]
+    count = len(rows[next(iter(index))]["f1"])
+    picks = [min(index, key=lambda m: (-rows[m]["f1"][i], rows[m]["kl"][i], index[m])) for i in range(count)]
 
-    def means(pick) -> dict:
-        return {"f1": sum(rows[pick(i)]["f1"][i] for i in range(count)) / count,
-                "kl": sum(rows[pick(i)]["kl"][i] for i in range(count)) / count,
-                "share": sum(rows[pick(i)]["share"][i] for i in range(count)) / count,
-                "same": sum(bool(rows[pick(i)]["agree"][i]) for i in range(count))}
+    def means(chosen: list[str]) -> dict:
+        """The means over questions of method ``chosen[i]``'s row on question i."""
+        mean = {k: sum(rows[m][k][i] for i, m in enumerate(chosen)) / count for k in ("f1", "kl", "share")}
+        return {**mean, "same": sum(bool(rows[m]["agree"][i]) for i, m in enumerate(chosen))}
 
-    table = {m: means(lambda i, m=m: m) for m in rows if m != "full prefill"}
-    table["best single chunk"] = means(lambda i: picks[i])
-    return {"picks": [int(p[len(prefix):]) for p in picks], "questions": count, "methods": table}
+    table = {m: means([m] * count) for m in rows if m != "full prefill"}
+    table["best single chunk"] = means(picks)
+    return {"picks": [index[m] for m in picks], "questions": count, "methods": table}
 
 
 def print_best(path: str) -> None:

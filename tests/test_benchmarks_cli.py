@@ -841,4 +841,3 @@ def test_named_bridge_recomputes_the_passage_the_named_one_leads_to():
     assert sorted(nb.NamedBridge(0.05)(alone, 100).tolist()) == [*range(100, 200), *range(300, 320)]
     none = Candidates(**{**alone.__dict__, "question_ids": torch.tensor([11])})
     assert sorted(nb.NamedBridge(0.05)(none, 20).tolist()) == list(range(210, 230))
-
