@@ -95,7 +95,7 @@ def stage1(engine, req: dict, first15) -> dict:
     layer, and over the last third) and KL between the 15% blend's and full reuse's first token."""
     import torch
 
-    from cacheblend.blending.blend import _blend
+    from cacheblend.blending.blend import reuse_pass
     from cacheblend.blending.check import Check
     from cacheblend.blending.budget import chunk_spread
     from cacheblend.blending.question import Fusion, QuestionScore, chunk_ids
@@ -111,7 +111,7 @@ def stage1(engine, req: dict, first15) -> dict:
     out, ids = {}, chunk_ids(inp.reused, inp.chunk_offsets)
     for layers, tail in (("all", ""), ("last_third", "_last3")):
         score = QuestionScore(engine.adapter, asking, Fusion(layers))
-        reuse = _blend(engine.adapter, inp, NoneSelector(), {0: 0.0}, observe=score)
+        reuse = reuse_pass(engine.adapter, inp, score)
         other, entropy = chunk_spread(score.score(inp.reused, inp.chunk_offsets), ids)
         out[f"question_other{tail}"], out[f"question_entropy{tail}"] = other, entropy
     a, b = torch.log_softmax(first15, -1), torch.log_softmax(reuse.logits.float(), -1)

@@ -44,7 +44,7 @@ from .rows import Rows, attend_rows
 from .selection import NoneSelector, Selector
 from .spread import DeviationSpread
 
-__all__ = ["BlendInput", "BlendOutput", "blend_prefill", "budget_for"]
+__all__ = ["BlendInput", "BlendOutput", "blend_prefill", "budget_for", "reuse_pass"]
 
 
 @dataclass
@@ -187,8 +187,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     ratio = schedule[max(schedule)]  # the last check layer's: the recompute ratio
     if budget_for(getattr(ratio, "max_ratio", ratio), num_reused) == 0:  # an AutoRatio: its most
         return _blend(model, inp, NoneSelector(), {0: 0.0})  # full reuse
-    asked = QuestionScore(model, Check.of(inp, selector).asking, selector.fusion)
-    first = _blend(model, inp, NoneSelector(), {0: 0.0}, observe=asked)
+    first, asked = _first_stage(model, inp, selector)
     score = asked.score(inp.reused, inp.chunk_offsets)  # [N]
     base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
     if getattr(selector, "at_check_layers", False):
@@ -200,6 +199,24 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     out.first_stage_rows, out.first_stage_active = first.recomputed, first.active_rows
     out.question_rows, out.question_layers = asked.rows, asked.layers
     return out
+
+
+def reuse_pass(model: ModelAdapter, inp: BlendInput, observe: QuestionScore | None = None) -> BlendOutput:
+    """The full-reuse pass (ratio 0.0 from layer 0, no layer-0 prelude: the uncached rows but the
+    head's, and the last row), with ``observe`` called at every layer as ``_blend`` does."""
+    return _blend(model, inp, NoneSelector(), {0: 0.0}, observe=observe)
+
+
+def _first_stage(model: ModelAdapter, inp: BlendInput, selector: Selector) -> tuple[BlendOutput, QuestionScore]:
+    """Stage 1 and its score: the full-reuse pass observed by the question rows' ``QuestionScore``.
+    A selector's own ``first_stage(model, inp)`` replaces it (research, benchmarks/draft_score.py:
+    the rows of a drafted answer scored too); it returns stage 1's output over the prompt's N rows
+    (``recomputed``: every row its passes computed) and a score whose ``score`` is [N]."""
+    own = getattr(selector, "first_stage", None)
+    if own is not None:
+        return own(model, inp)
+    asked = QuestionScore(model, Check.of(inp, selector).asking, selector.fusion)
+    return reuse_pass(model, inp, asked), asked
 
 
 def _join(rows: Rows, h: torch.Tensor, restart: Restart, tables: RopeTables) -> tuple[Rows, torch.Tensor]:
