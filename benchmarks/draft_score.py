@@ -1,7 +1,7 @@
 """The question's score read with the answer's own first rows: a drafted answer in stage 1.
 
     .venv/bin/python benchmarks/draft_score.py --dataset facts --split dev --count 40 --threads 1 --methods "nb1 reuse,nb1 deviation,nb1 question last3,nb1 draft 4 last3,nb1 draft 8 last3,nb1 draft-only 8 last3" --run-file draft.json
-    .venv/bin/python benchmarks/draft_score.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --threads 2 --answer-tokens 24 --pool corpus --methods "nb1 reuse,nb1 lexical+question 8%,nb1 lexical+draft 8 8%" --run-file draft_qwen.json
+    .venv/bin/python benchmarks/draft_score.py --model qwen2.5-0.5b-instruct --dataset ../shared/data/musique_s.json --split dev --count 25 --threads 2 --answer-tokens 24 --pool corpus --methods "nb1 reuse,nb1 lexical+question 8%,nb1 lexical+draft-only 8 8%" --run-file draft_qwen.json
     .venv/bin/python benchmarks/draft_score.py --quick     # 1 dev fact question, the draft of 4 tokens
 
 The question selector (docs/QUESTION-SELECTOR.md) recomputes the reused tokens the question's rows
@@ -105,16 +105,17 @@ class LexicalDraftSelector(LexicalQuestionSelector):
 
 def register() -> None:
     """Adds ``"nb1 draft T last3"``, ``"nb1 draft-only T last3"`` (the question selector at 15%) and
-    ``"nb1 lexical+draft T 8%"`` (Qwen's default, ``nb1 lexical+question 8%``) for T in 1, 2, 4, 8."""
+    ``"nb1 lexical+draft T 8%"``, ``"nb1 lexical+draft-only T 8%"`` (Qwen's default, ``nb1 lexical+question 8%``,
+    with that stage 1) for T in 1, 2, 4, 8."""
     question = BlendConfig(selector="question", neighbours=1, question_layers="last_third")
     lexical = select_eval.METHODS["nb1 lexical+question 8%"][0]
     for tokens in (1, 2, 4, 8):
         for word, only in (("draft", False), ("draft-only", True)):
             select_eval.METHODS[f"nb1 {word} {tokens} last3"] = (
                 question, DraftQuestionSelector(layers="last_third", tokens=tokens, only=only))
-        base = make_selector(lexical)
-        select_eval.METHODS[f"nb1 lexical+draft {tokens} 8%"] = (
-            lexical, LexicalDraftSelector(base.lexical, base.fusion, tokens=tokens))
+            base = make_selector(lexical)
+            select_eval.METHODS[f"nb1 lexical+{word} {tokens} 8%"] = (
+                lexical, LexicalDraftSelector(base.lexical, base.fusion, tokens=tokens, only=only))
 
 
 def main(argv: list[str] | None = None) -> None:
