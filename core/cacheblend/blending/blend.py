@@ -96,7 +96,7 @@ def blend_prefill(model: ModelAdapter, inp: BlendInput, selector: Selector, sche
     ``_two_stage``): ``schedule``'s last ratio is its recompute ratio, its check layers and
     ``fresh_check`` play no part (unless the selector sets ``at_check_layers``)."""
     if inp.head and not bool(inp.reused.any()):  # no chunk reused: only the head is read (prefix caching)
-        return _blend(model, inp, NoneSelector(), {0: 0.0})
+        return reuse_pass(model, inp)
     staged = getattr(selector, "stage_one_for", None)
     if getattr(selector, "two_stage", False) or (staged and staged(
             inp.ids, inp.reused, inp.chunk_offsets, Check.of(inp, selector).asking, inp.first_alone)):
@@ -186,7 +186,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
         return _blend(model, inp, selector, {})  # nothing to reuse: a full prefill
     ratio = schedule[max(schedule)]  # the last check layer's: the recompute ratio
     if budget_for(getattr(ratio, "max_ratio", ratio), num_reused) == 0:  # an AutoRatio: its most
-        return _blend(model, inp, NoneSelector(), {0: 0.0})  # full reuse
+        return reuse_pass(model, inp)  # full reuse
     first, asked = _first_stage(model, inp, selector)
     score = asked.score(inp.reused, inp.chunk_offsets)  # [N]
     base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
