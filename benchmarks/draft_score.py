@@ -109,11 +109,11 @@ def register() -> None:
     with that stage 1) for T in 1, 2, 4, 8."""
     question = BlendConfig(selector="question", neighbours=1, question_layers="last_third")
     lexical = select_eval.METHODS["nb1 lexical+question 8%"][0]
+    base = make_selector(lexical)
     for tokens in (1, 2, 4, 8):
         for word, only in (("draft", False), ("draft-only", True)):
             select_eval.METHODS[f"nb1 {word} {tokens} last3"] = (
                 question, DraftQuestionSelector(layers="last_third", tokens=tokens, only=only))
-            base = make_selector(lexical)
             select_eval.METHODS[f"nb1 lexical+{word} {tokens} 8%"] = (
                 lexical, LexicalDraftSelector(base.lexical, base.fusion, tokens=tokens, only=only))
 
