@@ -82,8 +82,8 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
 
 
 @dataclass(frozen=True)
-class DraftQuestionSelector(QuestionSelector):
-    """The question selector whose stage 1 is ``draft_stage``."""
+class Drafting:
+    """A two-stage selector's stage 1 made ``draft_stage`` (of ``tokens``, the draft rows alone with ``only``)."""
 
     tokens: int = 4
     only: bool = False
@@ -93,14 +93,13 @@ class DraftQuestionSelector(QuestionSelector):
 
 
 @dataclass(frozen=True)
-class LexicalDraftSelector(LexicalQuestionSelector):
+class DraftQuestionSelector(Drafting, QuestionSelector):
+    """The question selector whose stage 1 is ``draft_stage``."""
+
+
+@dataclass(frozen=True)
+class LexicalDraftSelector(Drafting, LexicalQuestionSelector):
     """``lexical+question`` whose stage 1 (where the question names no chunk) is ``draft_stage``."""
-
-    tokens: int = 4
-    only: bool = False
-
-    def first_stage(self, model: ModelAdapter, inp: BlendInput) -> tuple[BlendOutput, QuestionScore]:
-        return draft_stage(model, inp, self.fusion, self.tokens, self.only)
 
 
 def register() -> None:
