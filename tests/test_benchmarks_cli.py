@@ -681,69 +681,16 @@ def test_chunk_oracle_quick(quick_run):
     assert "| best single chunk |" in proc.stdout and "best chunk per question: " in proc.stdout
 
 
-
-def test_draft_stage_drafts_full_reuses_answer_and_scores_its_rows(bundled_dir):
-    """``draft_stage`` drafts the greedy tokens of the full-reuse pass's cache (checked against a
-    plain transformers forward over that cache, token by token), hands stage 2 the prompt rows'
-    caches as the prompt's own full-reuse pass computes them, a score [N] the draft rows move
-    (and ``only`` moves again), and counts the rows of every pass; a blend with it recomputes the
-    question selector's budget."""
-    from tiny_models import tiny_model
-    from transformers import AutoTokenizer
-
-    from cacheblend import BlendConfig, BlendEngine
-    from cacheblend.blending.blend import blend_prefill, reuse_pass
-    from cacheblend.blending.check import Check
-    from cacheblend.blending.question import Fusion, QuestionScore
-    from cacheblend.blending.selection import NoneSelector, QuestionSelector
-    from cacheblend.prompts.assemble import assemble, chunk_encodings
-    from cacheblend.prompts.tokenize import encode_prompt
-
-    ds = _bench_module("draft_score")
-    engine = BlendEngine(tiny_model("llama"), AutoTokenizer.from_pretrained(str(bundled_dir)),
-                         config=BlendConfig(kv_dtype="float32", neighbours=0))
-    chunks = ["The lighthouse keeper of Varn island logged every storm since 1871 in green ink.",
-              "Copper kettles were traded for salt along the northern river, two kettles per sack.",
-              "In the old observatory the brass telescope points at the star the locals call Ember."]
-    engine.warm(chunks)
-    text = engine.request(chunks=chunks[::-1], query="Question: what colour was the ink? Answer:").text
-    inp = assemble(text, encode_prompt(engine.tokenizer, text.text), chunk_encodings(text, engine.kv.encode),
-                   engine.kv.records([c.ids for c in chunk_encodings(text, engine.kv.encode)]), engine.adapter.device).input
-    model, n, fusion = engine.adapter, inp.ids.shape[0], Fusion("last_third")
-    plain = reuse_pass(model, inp)
-    out, asked = ds.draft_stage(model, inp, fusion, 3, only=False)
-
-    cache, logits, greedy = model.make_cache(plain.kv), plain.logits, []
-    for i in range(3):  # transformers' own forward over full reuse's cache, one token at a time
-        greedy.append(int(logits.argmax()))
-        step = model.model(input_ids=torch.tensor([[greedy[-1]]]), cache=cache, position_ids=torch.tensor([[n + i]]),
-                           use_cache=True)
-        logits = step.logits[0, -1]
-    assert asked.draft == greedy
-    for (k, v), (pk, pv) in zip(out.kv, plain.kv):
-        assert k.shape == pk.shape and torch.allclose(k, pk, atol=1e-5) and torch.allclose(v, pv, atol=1e-5)
-    assert out.recomputed == 4 * plain.recomputed + (0 + 1 + 2) + 3  # three drafting passes and the scored one
-    question = QuestionScore(model, Check.of(inp, NoneSelector()).asking, fusion)
-    reuse_pass(model, inp, question)
-    reused = inp.reused
-    score = asked.score(reused, inp.chunk_offsets)
-    assert score.shape == (n,) and not torch.allclose(score[reused], question.score(reused, inp.chunk_offsets)[reused])
-    _, alone = ds.draft_stage(model, inp, fusion, 3, only=True)
-    assert not torch.allclose(alone.score(reused, inp.chunk_offsets)[reused], score[reused])
-
-    drafted = blend_prefill(model, inp, ds.DraftQuestionSelector("last_third", tokens=3), {0: 0.3})
-    asking = blend_prefill(model, inp, QuestionSelector("last_third"), {0: 0.3})
-    assert drafted.recomputed == asking.recomputed and drafted.first_stage_rows == out.recomputed
-
-
 @quick("draft_score.py")
 def test_draft_score_quick(quick_run):
-    """One development fact question: the drafted stage 1 recomputes as much of the prompt as the
-    question selector's (the same 15%), and both more than full reuse of the same records."""
+    """One development fact question: the drafted stage 1 (the product's ``selector="draft"``, and
+    the same with the question's rows scored) recomputes as much of the prompt as the question
+    selector's (the same 15%), both more than full reuse of the same records."""
     methods = quick_run.data["methods"]
-    assert set(methods) == {"full prefill", "nb1 reuse", "nb1 question last3", "nb1 draft 4 last3"}
-    assert methods["nb1 draft 4 last3"]["share"] == pytest.approx(methods["nb1 question last3"]["share"])
-    assert methods["nb1 draft 4 last3"]["share"] > methods["nb1 reuse"]["share"] + 0.05
+    assert set(methods) == {"full prefill", "nb1 reuse", "nb1 question last3", "nb1 draft 4 last3", "nb1 draft-only 4 last3"}
+    for name in ("nb1 draft 4 last3", "nb1 draft-only 4 last3"):
+        assert methods[name]["share"] == pytest.approx(methods["nb1 question last3"]["share"])
+        assert methods[name]["share"] > methods["nb1 reuse"]["share"] + 0.05
 
 # Scripts whose quick run a test above already makes (``test_<name>_quick``) or that another test runs
 # (figures.py, gate_eval.py): the catch-all below would only run them a second time.

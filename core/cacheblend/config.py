@@ -9,19 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 SELECTORS = ("deviation", "lexical", "lexical+question", "query", "query+deviation", "question", "question+deviation",
-             "random", "chunk_start", "none", "all")
+             "draft", "random", "chunk_start", "none", "all")
 QUESTION_LAYERS = ("all", "last_third", "last")
 QUESTION_HEADS = ("mean", "max")
 MEASURES = ("k", "v", "kv")
 CHUNK_CONTEXTS = ("none", "bos", "system")
 KV_DTYPES = ("float16", "bfloat16", "float32", "int8", "int4")
 MAX_NEIGHBOURS = 8
+MAX_DRAFT_TOKENS = 64
 # What keys the KV: fixed per engine (they are in every chunk's fingerprint and decide what warm
 # stores). Every other field is a per-call blend knob that a prefill's ``config=`` may change.
 KV_FIELDS = ("chunk_context", "neighbours", "lead_alone", "kv_dtype")
 # What an adaptive budget (``recompute_ratio="auto"``) may read at the check layer (blending.budget)
-BUDGET_SIGNALS = ("deviation", "concentration", "attention_other", "attention_entropy", "cached_share", "chunks",
-                  "named_share")
+BUDGET_SIGNALS = ("deviation", "concentration", "attention_other", "attention_entropy", "cached_share", "chunks", "named_share")
 SHARE_SIGNALS = ("named_share",)  # a ratio themselves: the budget is the signal, within the bounds
 
 
@@ -51,7 +51,8 @@ class BlendConfig:
             (ProphetKV-style: a full-reuse pass over every layer scores each reused token by the
             attention the question's rows pay it, then the top share is recomputed from layer 0;
             only the last ratio counts: ``QuestionSelector``, docs/QUESTION-SELECTOR.md);
-            ``question+deviation`` (that score and KV deviation by rank, at the check layers).
+            ``question+deviation`` (that score and KV deviation by rank, at the check layers); ``draft``
+            (``question``'s, scored by the rows of an answer drafted from full reuse: ``DraftSelector``).
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
@@ -79,8 +80,9 @@ class BlendConfig:
             attention sinks), with ``deviation``, ``query`` and ``query+deviation``.
         fresh_check: keep the fresh K/V of every row at a check layer (they are computed there
             anyway), not only of the selected rows. No effect with ``question``.
-        question_layers: which layers' question attention the ``question`` selector fuses: ``all``,
+        question_layers: which layers' question attention ``question`` and ``draft`` fuse: ``all``,
             ``last_third`` (the last ceil(L/3) layers) or ``last`` (the last layer alone).
+        draft_tokens: how many greedy tokens the ``draft`` selector drafts and scores (1-64).
         question_heads: how it fuses the heads of a layer: ``mean`` or ``max`` of the attention mass
             each head's question rows pay a token.
         question_per_chunk: divide each token's fused score by its chunk's total, so every chunk
@@ -133,6 +135,7 @@ class BlendConfig:
     question_heads: str = "mean"
     question_per_chunk: bool = False
     question_weight: float = 0.5
+    draft_tokens: int = 8
     lexical_share: float = 1.0
     auto_budget: bool = False
     auto_signal: str = "deviation"
@@ -168,10 +171,10 @@ class BlendConfig:
         for name in ("fresh_check", "lead_alone", "question_per_chunk", "auto_budget"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if not isinstance(self.sinks, int) or isinstance(self.sinks, bool) or self.sinks < 0:
-            raise ValueError(f"sinks must be a non-negative integer, got {self.sinks!r}")
-        if not isinstance(self.neighbours, int) or isinstance(self.neighbours, bool) or not 0 <= self.neighbours <= MAX_NEIGHBOURS:
-            raise ValueError(f"neighbours must be an integer in [0, {MAX_NEIGHBOURS}], got {self.neighbours!r}")
+        for name, low, high in (("sinks", 0, None), ("draft_tokens", 1, MAX_DRAFT_TOKENS), ("neighbours", 0, MAX_NEIGHBOURS)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low or value > (high or value):
+                raise ValueError(f"{name} must be an integer in [{low}, {'inf' if high is None else high}], got {value!r}")
         _check_choice("measure", self.measure, MEASURES)
         _check_choice("question_layers", self.question_layers, QUESTION_LAYERS)
         _check_choice("question_heads", self.question_heads, QUESTION_HEADS)
@@ -197,8 +200,8 @@ class BlendConfig:
             raise ValueError(f"auto_threshold must be a number, got {t!r}")
         if self.auto_budget and len(self.check_layers) != 1:
             raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
-        if self.auto_budget and self.selector == "question":
-            raise ValueError("the auto budget reads its signal at a check layer; selector 'question' has none")
+        if self.auto_budget and self.selector in ("question", "draft"):
+            raise ValueError(f"the auto budget reads its signal at a check layer; selector {self.selector!r} has none")
         w, gated = self.lead_after_named, self.lead_after_margin > 0
         lexical = self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
         if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical) or (gated and not w):
@@ -265,10 +268,7 @@ class BlendConfig:
             return replace(self, auto_budget=True)
         _check_ratio(ratio)
         last = self.ratios[-1]
-        if last > 0:
-            ratios = tuple(min(1.0, r * ratio / last) for r in self.ratios)
-        else:
-            ratios = tuple(max(r, ratio) for r in self.ratios)
+        ratios = tuple(min(1.0, r * ratio / last) if last > 0 else max(r, ratio) for r in self.ratios)
         return replace(self, ratios=ratios[:-1] + (ratio,), auto_budget=False)
 
 
@@ -285,7 +285,7 @@ class AutoRatio:
     threshold: float
 
     def ratio(self, value: float) -> float:
-        if self.signal in SHARE_SIGNALS:
+        if self.signal in SHARE_SIGNALS:  # the ratio itself, within the bounds
             return min(self.max_ratio, max(self.min_ratio, value))
         return self.max_ratio if value >= self.threshold else self.min_ratio
 

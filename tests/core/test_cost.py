@@ -7,6 +7,7 @@ import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
 from cacheblend.blending.blend import blend_prefill
+from cacheblend.blending.draft import DraftSelector
 from cacheblend.blending.selection import DeviationSelector, QuestionSelector
 from cacheblend.tools.bench import compute_floor
 from cacheblend.tools.cost import key_pairs, prefill_macs, prefill_rows
@@ -47,6 +48,21 @@ def test_a_two_stage_blend_counts_its_first_stage(make_engine):
     out, flops = counted(engine, inp, {1: 0.15}, QuestionSelector())
     assert out.first_stage_active and out.question_rows > 0
     macs, plain = prefill_macs(engine.adapter, out), prefill_macs(engine.adapter, replace(out, question_rows=0))
+    assert flops["aten.mm"] == 2 * macs.linear
+    assert flops["aten.bmm"] == 2 * (macs.attention - plain.attention) > 0
+
+
+@pytest.mark.parametrize("question", [False, True])
+def test_a_drafted_first_stage_counts_its_draft(make_engine, question):
+    """The draft selector's rows (blending/draft.py) are counted as torch counts them: each draft
+    row's linear weights (its layer-0 K/V and its LM head too) and its scores over the prompt's keys
+    and the draft's."""
+    engine = make_engine("llama")
+    engine.warm(CHUNKS)
+    inp = assembled(engine, request(engine, (2, 0, 1))).input
+    out, flops = counted(engine, inp, {0: 0.15}, DraftSelector("last_third", tokens=5, question=question))
+    assert out.drafted == 5 and out.question_rows >= 5
+    macs, plain = prefill_macs(engine.adapter, out), prefill_macs(engine.adapter, replace(out, question_rows=0, drafted=0))
     assert flops["aten.mm"] == 2 * macs.linear
     assert flops["aten.bmm"] == 2 * (macs.attention - plain.attention) > 0
 

@@ -55,7 +55,8 @@ class BlendOutput:
     A two-stage blend also reports its first stage (zeros and [] otherwise): first_stage_rows, the
     rows stage 1 computed through the last layer (the uncached rows but the head's, and the last row);
     first_stage_active, its active_rows; question_rows, the rows whose attention over all N
-    keys it scored at each of question_layers (the layers the selector fuses). With an auto budget
+    keys it scored at each of question_layers (the layers the selector fuses), drafted of them a
+    drafted answer's, each also its own LM head (``draft.py``). With an auto budget
     (``AutoRatio`` in the schedule, ``budget.py``): ratio, the one it chose, and budget_signal, the
     signal it read (None otherwise)."""
 
@@ -67,6 +68,7 @@ class BlendOutput:
     first_stage_active: list[torch.Tensor] = field(default_factory=list)
     question_rows: int = 0
     question_layers: list[int] = field(default_factory=list)
+    drafted: int = 0
     ratio: float | None = None
     budget_signal: float | None = None
 
@@ -197,7 +199,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
         out = _blend(model, inp, selector, {0: ratio}, base=base, question_score=score, restart=inp.restart,
                      spread=spread)
     out.first_stage_rows, out.first_stage_active = first.recomputed, first.active_rows
-    out.question_rows, out.question_layers = asked.rows, asked.layers
+    out.question_rows, out.question_layers, out.drafted = asked.rows, asked.layers, first.drafted
     return out
 
 
@@ -209,8 +211,8 @@ def reuse_pass(model: ModelAdapter, inp: BlendInput, observe: QuestionScore | No
 
 def _first_stage(model: ModelAdapter, inp: BlendInput, selector: Selector) -> tuple[BlendOutput, QuestionScore]:
     """Stage 1 and its score: the full-reuse pass observed by the question rows' ``QuestionScore``.
-    A selector's own ``first_stage(model, inp)`` replaces it (research, benchmarks/draft_score.py:
-    the rows of a drafted answer scored too); it returns stage 1's output over the prompt's N rows
+    A selector's own ``first_stage(model, inp)`` replaces it (``DraftSelector``, ``draft.py``: the
+    rows of a drafted answer scored); it returns stage 1's output over the prompt's N rows
     (``recomputed``: every row its passes computed) and a score whose ``score`` is [N]."""
     own = getattr(selector, "first_stage", None)
     if own is not None:

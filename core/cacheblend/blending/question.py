@@ -94,25 +94,31 @@ def question_mass(model: ModelAdapter, layer: int, q: torch.Tensor, keys: torch.
 
 class QuestionScore:
     """Stage 1's observer: at each layer ``fusion`` fuses, the attention the question rows
-    (``asking`` [N] bool, all computed in stage 1) pay every prompt key, reduced over heads."""
+    (``asking`` [N'] bool over positions) pay the first ``keys`` prompt keys (all: None), reduced
+    over heads. Calls for the same layer add up (a drafted answer's rows come one by one: ``draft.py``)."""
 
-    def __init__(self, model: ModelAdapter, asking: torch.Tensor, fusion: Fusion) -> None:
-        self.model, self.asking, self.fusion = model, asking, fusion
+    def __init__(self, model: ModelAdapter, asking: torch.Tensor, fusion: Fusion, keys: int | None = None) -> None:
+        self.model, self.asking, self.fusion, self.keys = model, asking, fusion, keys
         self.wanted = set(fusion.layer_set(model.num_layers))
-        self.per_layer: list[torch.Tensor] = []  # [N] per fused layer
-        self.layers: list[int] = []
-        self.rows = 0
+        self.mass: dict[int, torch.Tensor] = {}  # fused layer -> [H, N], summed over its calls
+        self.rows = 0  # the rows scored
 
     def __call__(self, layer: int, q: torch.Tensor, keys: torch.Tensor, active: torch.Tensor) -> None:
-        """q: [1,H,n,d] rotated queries of the rows ``active`` [n]; keys: [1,Hkv,N,d]."""
+        """q: [1,H,n,d] rotated queries of the rows ``active`` [n]; keys: [1,Hkv,N',d]."""
         if layer not in self.wanted:
             return
         mine = self.asking[active]  # [n] bool
-        mass = question_mass(self.model, layer, q[0][:, mine], keys[0], active[mine])  # [H, N]
-        self.per_layer.append(self.fusion.reduce_heads(mass))
-        self.layers.append(layer)
-        self.rows = int(mine.sum())
+        mass = question_mass(self.model, layer, q[0][:, mine], keys[0], active[mine])[:, : self.keys]  # [H, N]
+        self.mass[layer] = self.mass[layer] + mass if layer in self.mass else mass
+        if layer == min(self.wanted):
+            self.rows += int(mine.sum())
+
+    @property
+    def layers(self) -> list[int]:
+        """The fused layers seen."""
+        return sorted(self.mass)
 
     def score(self, reused: torch.Tensor, chunk_offsets: torch.Tensor) -> torch.Tensor:
         """The fused score [N] of the layers seen."""
-        return self.fusion.fuse(torch.stack(self.per_layer), chunk_ids(reused, chunk_offsets))
+        per_layer = torch.stack([self.fusion.reduce_heads(self.mass[layer]) for layer in self.layers])
+        return self.fusion.fuse(per_layer, chunk_ids(reused, chunk_offsets))

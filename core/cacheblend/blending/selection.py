@@ -160,6 +160,10 @@ class SinkSelector:
     def fusion(self) -> Fusion | None:
         return getattr(self.inner, "fusion", None)
 
+    @property
+    def first_stage(self):  # a drafted stage 1 (``DraftSelector``) or None: the blend's own
+        return getattr(self.inner, "first_stage", None)
+
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         score = _rank(self.inner.scores(cand))
         score = score + (cand.chunk_offsets < self.sinks).float()  # sinks rank above every other

@@ -8,6 +8,7 @@ the one-pass ones, its own module when it is a concept of its own, as ``lexical.
 from __future__ import annotations
 
 from ..config import BlendConfig
+from .draft import DraftSelector
 from .lexical import LexicalQuestionSelector, LexicalSelector
 from .question import Fusion
 from .selection import (
@@ -33,6 +34,8 @@ def make_selector(config: BlendConfig) -> Selector:
         "lexical": lambda: LexicalSelector(config.measure, config.lexical_share),
         "query+deviation": lambda: CombinedSelector(config.query_weight, config.measure),
         "question": lambda: QuestionSelector(config.question_layers, config.question_heads, config.question_per_chunk),
+        "draft": lambda: DraftSelector(config.question_layers, config.question_heads, config.question_per_chunk,
+                                       tokens=config.draft_tokens),
         "question+deviation": lambda: QuestionDeviationSelector(
             config.question_weight, config.measure, config.question_layers, config.question_heads, config.question_per_chunk
         ),

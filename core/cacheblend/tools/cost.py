@@ -16,7 +16,9 @@ really computed (``BlendOutput.active_rows``):
 - attention: 2 x heads x head_dim per (row, key) pair a row attends (QK and AV): the keys up to
   its position, within the layer's sliding window;
 - a two-stage blend's first stage the same way (its LM head included), and the scores it takes of
-  the question's attention: heads x head_dim per (question row, key) pair at each scored layer.
+  the question's attention: heads x head_dim per (question row, key) pair at each scored layer;
+  a drafted answer's rows (``blending/draft.py``) each as a row of every layer of that stage, with
+  its layer-0 K/V, its LM head, and its scores over the prompt's keys and the draft's.
 
 Not counted: embeddings, norms, RoPE and the softmax (elementwise), and what a blend does besides
 computing rows (loading and realigning the cached KV, the selection, copies). The MAC floor of a
@@ -48,7 +50,9 @@ def prefill_macs(adapter: ModelAdapter, out: BlendOutput) -> Macs:
     """The multiply-accumulates of the prefill that produced ``out`` (the module docstring)."""
     n = out.kv[0][0].shape[2]  # the prompt's tokens
     per_pair = 2 * adapter.num_heads * adapter.head_dim
-    linear, attention = 0, out.question_rows * n * per_pair // 2 * len(out.question_layers)  # the scoring: QK only
+    # the scoring, QK only: a drafted row (``blending/draft.py``) over the prompt's keys and the draft's
+    attention = (out.question_rows * n + out.drafted ** 2) * per_pair // 2 * len(out.question_layers)
+    linear = out.drafted * (adapter.linear_macs(0)[0] + adapter.linear_macs(None)[1])  # its layer-0 K/V, LM head
     for stage in (out.first_stage_active, out.active_rows):
         entering, linear = n, linear + (adapter.linear_macs(None)[1] if stage else 0)  # each stage's last row's logits
         for layer, rows in enumerate(stage):

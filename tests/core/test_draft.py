@@ -1,0 +1,122 @@
+"""The ``draft`` selector (blending/draft.py) on tiny random models.
+
+Its stage 1 decodes a draft over the full-reuse pass's cache, one row per token, and scores the
+draft rows' attention. Checked here: the draft is what a plain transformers forward decodes greedily
+over that cache; the score equals one full-reuse pass over the prompt and the draft together
+(computed the slow way, every uncached row of it, as benchmarks/draft_score.py first did), with the
+question's rows or without; stage 2 gets the prompt's own full-reuse caches; the rows are counted;
+at ratio 1.0 the blend is a full prefill; bad settings are refused.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from cacheblend import BlendConfig
+from cacheblend.blending.blend import reuse_pass
+from cacheblend.blending.check import Check
+from cacheblend.blending.draft import DraftSelector, draft_stage
+from cacheblend.blending.question import Fusion, QuestionScore
+from cacheblend.blending.selection import NoneSelector, SinkSelector
+from cacheblend.blending.selectors import make_selector
+
+from test_equivalence import CHUNKS, QUESTION, assembled, assert_kv_close, hf_reference, request
+from tiny_models import FAMILIES
+
+
+def extended(inp, draft):
+    """``inp`` with ``draft`` appended as uncached rows: the prompt and the draft as one prompt."""
+    k = len(draft)
+    pad = inp.cached.new_zeros((*inp.cached.shape[:3], k, inp.cached.shape[4]))
+    return replace(inp, ids=torch.cat([inp.ids, torch.tensor(draft, dtype=inp.ids.dtype)]),
+                   reused=torch.cat([inp.reused, inp.reused.new_zeros(k)]), cached=torch.cat([inp.cached, pad], dim=3),
+                   chunk_offsets=torch.cat([inp.chunk_offsets, inp.chunk_offsets.new_zeros(k)]))
+
+
+@torch.inference_mode()
+def greedy_over(engine, out, n, tokens):
+    """``tokens`` greedy tokens transformers' own forward decodes over ``out``'s cache, one at a time."""
+    cache, logits, greedy = engine.adapter.make_cache(out.kv), out.logits, []
+    for i in range(tokens):
+        greedy.append(int(logits.argmax()))
+        step = engine.adapter.model(input_ids=torch.tensor([[greedy[-1]]]), cache=cache,
+                                    position_ids=torch.tensor([[n + i]]), use_cache=True)
+        logits = step.logits[0, -1].float()
+    return greedy
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("question", [False, True])
+def test_the_draft_is_full_reuses_greedy_answer_and_its_score_one_pass_over_prompt_and_draft(make_engine, family, question):
+    engine = make_engine(family)
+    engine.warm(CHUNKS)
+    inp = assembled(engine, request(engine, (1, 2, 0))).input
+    model, n, fusion = engine.adapter, inp.ids.shape[0], Fusion("last_third")
+    plain = reuse_pass(model, inp)
+    with torch.inference_mode():
+        out, asked = draft_stage(model, inp, fusion, 4, question)
+    assert asked.draft == greedy_over(engine, plain, n, 4)
+    assert all(torch.equal(a, b) for pa, pb in zip(out.kv, plain.kv) for a, b in zip(pa, pb))  # stage 2's base
+    assert torch.equal(out.logits, plain.logits)
+
+    ext = extended(inp, asked.draft)  # the slow way: every uncached row of prompt + draft in one pass
+    asking = Check.of(ext, NoneSelector()).asking.clone()
+    if not question:
+        asking[:n] = False
+    slow = QuestionScore(model, asking, fusion, keys=n)
+    reuse_pass(model, ext, slow)
+    assert asked.layers == slow.layers == list(fusion.layer_set(model.num_layers))
+    assert asked.rows == slow.rows == 4 + (int(asking[:n].sum()) if question else 0)
+    torch.testing.assert_close(asked.score(inp.reused, inp.chunk_offsets), slow.score(inp.reused, inp.chunk_offsets),
+                               atol=1e-5, rtol=1e-4)
+    assert out.recomputed == plain.recomputed + 4 and out.drafted == 4
+    assert all(torch.equal(rows, torch.cat([p, torch.arange(n, n + 4)])) for rows, p in zip(out.active_rows, plain.active_rows))
+
+
+def test_the_draft_rows_move_the_score(make_engine):
+    """A score the draft did not change would make the selector the question selector again."""
+    engine = make_engine("llama")
+    engine.warm(CHUNKS)
+    inp = assembled(engine, request(engine, (1, 2, 0))).input
+    fusion = Fusion("last_third")
+    asking = QuestionScore(engine.adapter, Check.of(inp, NoneSelector()).asking, fusion)
+    reuse_pass(engine.adapter, inp, asking)
+    with torch.inference_mode():
+        scores = [draft_stage(engine.adapter, inp, fusion, 4, q)[1].score(inp.reused, inp.chunk_offsets) for q in (0, 1)]
+    base = asking.score(inp.reused, inp.chunk_offsets)
+    for a, b in ((scores[0], base), (scores[1], base), (scores[0], scores[1])):
+        assert not torch.allclose(a[inp.reused], b[inp.reused], atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_draft_selector_through_the_engine(make_engine, family):
+    """``BlendConfig(selector="draft")``: ratio 1.0 is a full prefill (1e-5); at 30% stage 2 recomputes
+    the question selector's budget and stage 1 is the full-reuse pass plus the draft's rows."""
+    engine = make_engine(family, selector="draft", draft_tokens=3, question_layers="last_third")
+    engine.warm(CHUNKS)
+    req = engine.request(chunks=[CHUNKS[i] for i in (2, 0, 1)], query=QUESTION)
+    inp = assembled(engine, req.text).input
+    n = inp.ids.shape[0]
+    full = engine.prefill(req, config=engine.config.with_ratio(1.0))
+    logits, kv = hf_reference(engine, inp.ids)
+    torch.testing.assert_close(full.output.logits, logits, atol=1e-5, rtol=1e-5)
+    assert_kv_close(full.output.kv, kv, 1e-5)
+    blended = engine.prefill(req, config=engine.config.with_ratio(0.3))
+    asking = engine.prefill(req, config=replace(engine.config, selector="question").with_ratio(0.3))
+    assert blended.output.recomputed == asking.output.recomputed < n
+    assert blended.stats.first_stage_tokens == asking.stats.first_stage_tokens + 3
+    assert blended.output.drafted == 3 and asking.output.drafted == 0
+
+
+def test_sinks_keep_the_drafted_stage_and_bad_settings_are_refused():
+    wrapped = make_selector(BlendConfig(selector="draft", sinks=2, draft_tokens=5))
+    assert isinstance(wrapped, SinkSelector) and wrapped.first_stage.__self__.tokens == 5
+    assert make_selector(BlendConfig(selector="draft")) == DraftSelector(tokens=8)
+    for tokens in (0, 65, True, 2.5, "8"):
+        with pytest.raises(ValueError, match="draft_tokens must be an integer in \\[1, 64\\]"):
+            BlendConfig(selector="draft", draft_tokens=tokens)
+        with pytest.raises(ValueError, match="draft tokens"):
+            DraftSelector(tokens=tokens)
+    with pytest.raises(ValueError, match="selector 'draft' has none"):
+        BlendConfig(selector="draft", auto_budget=True)
