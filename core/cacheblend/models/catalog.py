@@ -83,8 +83,10 @@ _NAMED_CHUNK = (("selector", "lexical+question"), ("question_layers", "last_thir
 # Recompute the 15% that an answer drafted from full reuse (8 tokens) attends to over the last third
 # of the layers: on SmolLM2's MuSiQue reporting prompts 50-149 answer F1 0.831 against deviation's
 # 0.815 and mean KL 0.0260 against 0.0350 (0.47x of full reuse of the same records), on its
-# reporting facts the same 14 of 18 answers at 0.84x deviation's KL. The rule it passed, set before
-# the runs, and the run files: docs/DRAFT-SCORE.md.
+# reporting facts the same 14 of 18 answers at 0.84x deviation's KL. It is slower: 3.54x full
+# prefill's speed on MuSiQue against deviation's 4.73x (its 8 drafting steps read every weight each),
+# so ``selector="deviation"`` is the faster choice. The rule it passed, set before the runs (quality
+# only), and the run files: docs/DRAFT-SCORE.md.
 _DRAFT = (("selector", "draft"), ("question_layers", "last_third"))
 
 MODELS: dict[str, CatalogModel] = {m.alias: m for m in (
