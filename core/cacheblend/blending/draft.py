@@ -49,15 +49,13 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
     """Stage 1 with a drafted answer (the module docstring). Returns the full-reuse pass's output
     over the prompt's N rows, with the draft rows added to ``recomputed`` and to every layer's
     ``active_rows`` (positions N..N+tokens-1), and the score, whose ``draft`` holds the tokens."""
-    if not 1 <= tokens <= MAX_DRAFT_TOKENS:
-        raise ValueError(f"a draft has 1 to {MAX_DRAFT_TOKENS} tokens, got {tokens}")
+    check_tokens(tokens)
     n, device = inp.ids.shape[0], inp.ids.device
     asking = Check.of(inp, NoneSelector()).asking if question else inp.reused.new_zeros(n)
     asked = DraftScore(model, torch.cat([asking, asking.new_ones(tokens)]), fusion, keys=n)
     first = reuse_pass(model, inp, asked if question else None)
     tables = RopeTables.at(model, torch.arange(n + tokens, device=device))
-    caches = [torch.cat([torch.stack([k[0], v[0]]), k.new_zeros((2, k.shape[1], tokens, k.shape[3]))], dim=2)
-              for k, v in first.kv]  # per layer [2,Hkv,N+T,d]: the pass's K/V, room for the draft's
+    caches = [_grown(k[0], v[0], tokens) for k, v in first.kv]  # per layer [2,Hkv,N+T,d]
     asked.draft.append(int(first.logits.argmax()))
     for at in range(n, n + tokens):
         logits = _row(model, caches, asked.draft[-1], at, tables, asked)
@@ -67,6 +65,21 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
     first.active_rows = [torch.cat([rows, drafted]) for rows in first.active_rows]
     first.recomputed, first.drafted = first.recomputed + tokens, tokens
     return first, asked
+
+
+def check_tokens(tokens: object) -> None:
+    """ValueError unless ``tokens`` is an integer in [1, MAX_DRAFT_TOKENS]."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"draft tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], got {tokens!r}")
+
+
+def _grown(k: torch.Tensor, v: torch.Tensor, tokens: int) -> torch.Tensor:
+    """K and V [Hkv,N,d] in one new buffer [2,Hkv,N+tokens,d], zeros in the room for the draft's
+    rows (one copy of the pass's K/V)."""
+    out = k.new_empty((2, k.shape[0], k.shape[1] + tokens, k.shape[2]))
+    out[0, :, : k.shape[1]], out[1, :, : k.shape[1]] = k, v
+    out[:, :, k.shape[1]:] = 0
+    return out
 
 
 def _row(model: ModelAdapter, caches: list[torch.Tensor], token: int, at: int, tables: RopeTables,
@@ -99,8 +112,7 @@ class DraftSelector(QuestionSelector):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or not 1 <= self.tokens <= MAX_DRAFT_TOKENS:
-            raise ValueError(f"draft tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], got {self.tokens!r}")
+        check_tokens(self.tokens)
 
     def first_stage(self, model: ModelAdapter, inp: BlendInput) -> tuple[BlendOutput, DraftScore]:
         return draft_stage(model, inp, self.fusion, self.tokens, self.question)
