@@ -10,6 +10,46 @@ import torch  # noqa: E402
 
 torch.manual_seed(0)
 
+# Two lanes under pytest-xdist (`make test` runs `pytest -n 2`). The real-model quality tests are
+# compute bound (fp32 matrix products at the cores' peak); the rest mostly wait on subprocesses,
+# servers and sockets (alone, `-m "not real_model"` kept 2 cores 65% busy). So the files of
+# REAL_LANE run in one worker, one after another, on every torch thread, while the other files are
+# spread over both workers on half of them (their subprocesses too, through OMP_NUM_THREADS): the
+# waits overlap the products instead of adding to them. A file is a unit either way, so a module's
+# fixtures are computed once.
+REAL_LANE = (
+    "tests/core/test_real_model.py",
+    "tests/core/test_real_model_qwen.py",
+    "tests/core/test_real_families.py",
+    "tests/core/test_neighbours.py",
+    "tests/core/test_model_catalog.py",
+    "tests/core/test_compact_kv.py",
+)
+THREADS = torch.get_num_threads()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's file-by-file scheduling, with REAL_LANE's files one unit (the largest, so it starts
+    first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "real-lane" if path in REAL_LANE else path
+
+    return Lanes(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures, a module's included, are set up
+def pytest_runtest_setup(item):
+    """Under xdist: every torch thread in REAL_LANE's files, half of them elsewhere (subprocesses
+    included); a plain run keeps torch's default."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        threads = THREADS if item.nodeid.split("::", 1)[0] in REAL_LANE else max(1, THREADS // 2)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
 
 @pytest.fixture(scope="session")
 def bundled_dir():

@@ -188,6 +188,7 @@ def test_a_chunk_warmed_behind_neighbours_is_reused_wherever_it_lands(make_engin
         torch.testing.assert_close(pre.output.logits, logits, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.real_model
 def test_real_model_default_warming_blends_closer_to_full_prefill(real_engine):
     """The default (chunks warmed behind a neighbour, the first chunk's KV warmed alone, deviation
     15%) is closer to full prefill than the same without lead records, itself closer than
