@@ -4,6 +4,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray nices its workers (15): beside the real-model lane (below) they starved, and a Ray test of 10 s
+# took 3 minutes. The tests' Ray clusters (started here, their workers inheriting this) run at 0.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -32,6 +35,10 @@ def pytest_xdist_make_scheduler(config, log):
     """xdist's file-by-file scheduling, with REAL_LANE's files one unit (the largest, so it starts
     first)."""
     from xdist.scheduler import LoadScopeScheduling
+
+    missing = [p for p in REAL_LANE if not (config.rootpath / p).is_file()]
+    if missing:  # a renamed file would drop out of the lane silently
+        raise pytest.UsageError(f"tests/conftest.py REAL_LANE names no such file: {missing}")
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

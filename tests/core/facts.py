@@ -96,9 +96,11 @@ def lookups(engine, settings: dict, answer_tokens: int = 24) -> Lookups:
     """The 24 lookups on ``engine``, its whole pool warmed here in one call. ``settings`` maps a name
     to (passage order, ``engine.prefill`` keywords), e.g. ``(ORDER, {"recompute_ratio": 0.0})`` for
     full reuse of the same records. Answers are decoded together (``engine.generate_many``: the
-    answers share each step's read of the weights; docs/runs/decode_many.json: 2.75x on 8 answers)."""
+    answers share each step's read of the weights; docs/runs/decode_many.json: 2.75x on 8 answers), and
+    each question's teacher-forced passes are one batched forward (``continuation_logits_many``)."""
     import torch
 
+    from cacheblend.generation.decode import continuation_logits_many
     from cacheblend.tools.quality import mean_kl
 
     texts = [passage(i) for i in range(len(FACTS))]
@@ -115,11 +117,12 @@ def lookups(engine, settings: dict, answer_tokens: int = 24) -> Lookups:
     undecided = []  # (setting, question, prefill): full prefill right, greedy decoding starts elsewhere
     for i in range(n):
         ids = answers[i].token_ids
-        p = torch.log_softmax(fulls[i].continuation_logits(ids), dim=-1)  # [T+1, vocab], once per question
+        pres = {name: engine.prefill(**req(i, order), **kw) for name, (order, kw) in settings.items()}
+        # one batched teacher-forced pass for full prefill and every setting: the KLs and the greedy starts
+        full, *rest = continuation_logits_many([fulls[i], *pres.values()], ids)
+        p = torch.log_softmax(full, dim=-1)  # [T+1, vocab]
         fulls[i] = None  # its KV is no longer needed
-        for name, (order, kw) in settings.items():
-            pre = engine.prefill(**req(i, order), **kw)
-            logits = pre.continuation_logits(ids)  # one teacher-forced pass: the KL and the greedy start
+        for (name, pre), logits in zip(pres.items(), rest):
             kl[name].append(mean_kl(p, torch.log_softmax(logits, dim=-1)))
             starts = logits[: len(ids)].argmax(-1).tolist() == list(ids)  # greedy decoding starts with ``ids``
             same[name] += starts

@@ -96,17 +96,18 @@ def test_int8_adds_little_kl_over_fp16_on_the_real_model(real_engine, fresh_real
     """On the bundled model, a 15% blend from int8 KV stays as close to full prefill as from fp16
     KV (within INT8_ADDED_KL), while int4 costs visibly more."""
     from cacheblend.tools.datasets import pydoc_passages
-    from cacheblend.tools.quality import answer_kl
+    from cacheblend.tools.quality import answer_kls
 
     chunks = [p.text for p in pydoc_passages(real_engine.count_tokens, 384)][20:23]
     req = dict(chunks=chunks, query="What is described above, and how is it used?")
     full = real_engine.prefill(**req, recompute_ratio=1.0)  # reads no KV: any engine
     answer = real_engine.generate_from(full, max_new_tokens=12).token_ids
-    kl = {}
+    pres = {}
     for dtype in ("float16", "int8", "int4"):
         engine = fresh_real_engine(kv_dtype=dtype)  # its own pool: these 3 chunks
         engine.warm(chunks)
-        kl[dtype] = answer_kl(full, engine.prefill(**req), answer)
+        pres[dtype] = engine.prefill(**req)
+    kl = dict(zip(pres, answer_kls(full, list(pres.values()), answer)))
     print(f"KL to full prefill by stored dtype: {kl}")
     assert kl["int8"] - kl["float16"] < INT8_ADDED_KL, kl
     assert kl["int4"] - kl["float16"] > INT8_ADDED_KL, kl  # 4 bits cost more; docs/STORES.md has the figures

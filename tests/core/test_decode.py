@@ -137,3 +137,37 @@ def test_generate_many_refuses_a_bad_batch_and_prefills_of_another_model(make_en
         engine.generate_many([pre, other.prefill(chunks=CHUNKS, query="q")])
     with pytest.raises(ValueError, match="unknown generation option"):
         engine.generate_many([pre], temprature=0.5)
+
+
+def test_continuation_logits_many_equal_each_prefills_own_pass(make_engine):
+    """Teacher-forced passes batched by ``continuation_logits_many``: prompts of one model and one
+    length (blends and full prefills, two orders, two engines over the same weights) share a
+    forward, another length and another model get their own, and each result equals the prefill's
+    own pass (1e-5); a full prefill's equals transformers' forward over the prompt's ids and the
+    continuation (1e-4). An empty continuation gives the logits after the prompt alone."""
+    from cacheblend import BlendConfig, BlendEngine
+    from cacheblend.generation.decode import continuation_logits_many
+
+    engine, other = make_engine(), make_engine(family="qwen2")
+    twin = BlendEngine(engine.adapter.model, engine.tokenizer, config=engine.config)  # the same weights
+    for e in (engine, twin, other):
+        e.warm(CHUNKS)
+    pres = [engine.prefill(chunks=CHUNKS, query="Where is the code?", recompute_ratio=1.0),
+            engine.prefill(chunks=CHUNKS[::-1], query="Where is the code?", recompute_ratio=0.15),
+            twin.prefill(chunks=CHUNKS, query="Where is the code?", config=BlendConfig(selector="random").with_kv_of(twin.config)),
+            engine.prefill(chunks=CHUNKS[:1], query="Where?", recompute_ratio=1.0),
+            other.prefill(chunks=CHUNKS, query="Where is the code?", recompute_ratio=0.15)]
+    assert len({len(p.ids) for p in pres[:3]}) == 1 and len(pres[3].ids) != len(pres[0].ids)
+    forced = [11, 42, 7, 99]
+    many = continuation_logits_many(pres, forced)
+    for p, got in zip(pres, many):
+        alone = p.continuation_logits(forced)  # [5, vocab]
+        assert got.shape == alone.shape == (len(forced) + 1, alone.shape[-1])
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
+    for p, got in ((pres[0], many[0]), (pres[3], many[3])):
+        ids = torch.tensor([p.ids.tolist() + forced])
+        with torch.inference_mode():
+            want = engine.adapter.model(input_ids=ids).logits[0, len(p.ids) - 1 :].float()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert all(torch.equal(g[0], p.output.logits.float()) for g, p in zip(continuation_logits_many(pres, []), pres))
+    assert not torch.allclose(many[0], many[1])  # a blend is not its full prefill: the rows are each prompt's

@@ -32,7 +32,7 @@ from langchain_text_splitters import RecursiveCharacterTextSplitter
 from lc_helpers import SYSTEM_PROMPT, TokenRecorder, format_docs, pydoc_documents, rag_chain
 
 from cacheblend.blending.blend import budget_for
-from cacheblend.tools.quality import answer_kl
+from cacheblend.tools.quality import answer_kls
 from langchain_cacheblend import ChatCacheBlend, warm_documents, warm_texts
 from langchain_cacheblend.chat_models import to_chat_messages
 
@@ -104,8 +104,7 @@ def test_chain_reuses_chunks_in_any_order_and_agrees_with_full_prefill(order, en
     assert blend.stats.chunk_hits == reuse.stats.chunk_hits == 4
     blended = blend_engine.generate_from(blend, max_new_tokens=MAX_TOKENS)
     assert blended.token_ids[:4] == full.token_ids[:4], (blended.text, full.text)
-    kl_blend = answer_kl(full_prefill, blend, full.token_ids)
-    kl_reuse = answer_kl(full_prefill, reuse, full.token_ids)
+    kl_blend, kl_reuse = answer_kls(full_prefill, [blend, reuse], full.token_ids)
     print(f"KL(full || blend) = {kl_blend:.4f}, KL(full || full reuse) = {kl_reuse:.4f}")
     assert kl_blend < BLEND_VS_REUSE * kl_reuse, (kl_blend, kl_reuse)
 

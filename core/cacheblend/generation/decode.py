@@ -120,17 +120,10 @@ class Prefilled:
         and the same Prefilled can be decoded again."""
         return self.adapter.make_cache(self.output.kv)
 
-    @torch.inference_mode()
     def continuation_logits(self, continuation: Sequence[int]) -> torch.Tensor:
         """Next-token logits [1 + len(continuation), vocab] fp32: after the prompt, then after each
         continuation token (teacher forcing). Used to compare blends with full prefill."""
-        rows = [self.output.logits]
-        if continuation:
-            ids = torch.tensor([list(continuation)], device=self.ids.device)
-            pos = torch.arange(len(self.ids), len(self.ids) + ids.shape[1], device=ids.device)[None]
-            out = self.adapter.model(input_ids=ids, cache=self.cache(), position_ids=pos, use_cache=True)
-            rows.extend(out.logits[0].float())
-        return torch.stack(rows[: len(continuation) + 1])
+        return continuation_logits_many([self], continuation)[0]
 
     def redone(self, step: int) -> Prefilled:
         """The doubt gate at answer step ``step``: the prompt prefilled again (``doubt.redo``), its
@@ -150,6 +143,35 @@ class Prefilled:
         for token in tokens:
             logits = slots.step([token])[0]
         return slots, logits
+
+
+@torch.inference_mode()
+def continuation_logits_many(prefilled: Sequence[Prefilled], continuation: Sequence[int]) -> list[torch.Tensor]:
+    """``Prefilled.continuation_logits`` of each prefill along one ``continuation``. Prompts of one
+    model and one length share a teacher-forced forward (one read of the weights for all), so a
+    measure that compares several blends of a prompt with its full prefill pays about one pass;
+    each equals its own pass up to the fp32 round-off of a batched product."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(prefilled):
+        groups.setdefault((id(p.adapter.model), len(p.ids)), []).append(i)  # engines may share a model
+    out: list[torch.Tensor] = [torch.empty(0)] * len(prefilled)
+    n = len(continuation)
+    for members in groups.values():
+        group = [prefilled[i] for i in members]
+        first = group[0]
+        if n:
+            kv = first.output.kv if len(group) == 1 else [
+                (torch.cat([p.output.kv[layer][0] for p in group]), torch.cat([p.output.kv[layer][1] for p in group]))
+                for layer in range(len(first.output.kv))
+            ]  # per layer [b, Hkv, N, d]
+            ids = torch.tensor([list(continuation)] * len(group), device=first.ids.device)
+            pos = torch.arange(len(first.ids), len(first.ids) + n, device=ids.device)[None].repeat(len(group), 1)
+            cache = first.adapter.make_cache(kv)
+            logits = first.adapter.model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True).logits.float()
+        for j, (i, p) in enumerate(zip(members, group)):
+            head = p.output.logits[None].float()  # after the prompt
+            out[i] = torch.cat([head, logits[j]]) if n else head  # then after each continuation token
+    return out
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -1,7 +1,8 @@
 """Quality measures: how close a blend is to full prefill, and answer F1.
 
 - ``answer_kl``: mean KL(full prefill || blend) of the next-token distributions over the tokens
-  of the full-prefill answer (teacher forcing), the distribution-level gap.
+  of the full-prefill answer (teacher forcing), the distribution-level gap; ``answer_kls`` for
+  several blends of one prompt, their passes batched.
 - ``token_f1``: SQuAD-style token F1 between two answers (lowercased, punctuation and articles
   dropped), used against gold answers and against the full-prefill answer.
 """
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..generation.decode import Prefilled
+from ..generation.decode import Prefilled, continuation_logits_many
 
 
 def answer_kl(reference: Prefilled, candidate: Prefilled, answer_ids: Sequence[int]) -> float:
@@ -23,8 +24,15 @@ def answer_kl(reference: Prefilled, candidate: Prefilled, answer_ids: Sequence[i
 
     Each term is clamped at 0: KL is never negative, and identical distributions computed along
     different kernels (e.g. the prefix-cache path) give float noise of either sign."""
-    p = torch.log_softmax(reference.continuation_logits(answer_ids), dim=-1)  # [T, vocab]
-    return mean_kl(p, torch.log_softmax(candidate.continuation_logits(answer_ids), dim=-1))
+    return answer_kls(reference, [candidate], answer_ids)[0]
+
+
+def answer_kls(reference: Prefilled, candidates: Sequence[Prefilled], answer_ids: Sequence[int]) -> list[float]:
+    """``answer_kl`` of each candidate, the reference's and the candidates' teacher-forced passes
+    batched (``continuation_logits_many``: prompts of one length share one forward)."""
+    ref, *rest = continuation_logits_many([reference, *candidates], answer_ids)
+    p = torch.log_softmax(ref, dim=-1)  # [T, vocab]
+    return [mean_kl(p, torch.log_softmax(q, dim=-1)) for q in rest]
 
 
 def mean_kl(p: torch.Tensor, q: torch.Tensor) -> float:
