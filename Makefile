@@ -24,10 +24,10 @@ $(STAMP): pyproject.toml constraints.txt core/cacheblend/models/catalog.py
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2
 
 test-fast: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not real_model"
+	$(PY) -m pytest -q -n 2 -m "not real_model"
 
 demo: install
 	$(VENV)/bin/cacheblend demo

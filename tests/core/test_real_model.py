@@ -18,8 +18,8 @@ import torch
 from facts import FACTS, ORDER, REORDERED, lookups
 
 from cacheblend.blending.blend import budget_for
-from cacheblend.tools.datasets import pydoc_passages
 from cacheblend.generation.decode import continuation_logits_many
+from cacheblend.tools.datasets import pydoc_passages
 from cacheblend.tools.quality import answer_kls, mean_kl
 
 pytestmark = pytest.mark.real_model
