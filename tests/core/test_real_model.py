@@ -75,8 +75,9 @@ def test_deviation_selection_beats_full_reuse_and_random(fresh_real_engine, pydo
             pres = {name: engine.prefill(**req, config=cfg.with_kv_of(engine.config)) for name, cfg in configs.items()}
             assert all(pre.stats.chunk_hits == 4 for pre in pres.values())
             ref, *rest = continuation_logits_many([full, *pres.values()], answer)  # one batched pass
+            p = torch.log_softmax(ref, -1)
             for name, logits in zip(pres, rest):
-                kl[name].append(mean_kl(torch.log_softmax(ref, -1), torch.log_softmax(logits, -1)))
+                kl[name].append(mean_kl(p, torch.log_softmax(logits, -1)))
                 agree[name].append(top1_agreement(ref, logits))
         mean = {k: statistics.mean(v) for k, v in kl.items()}
         mean_agree = {k: statistics.mean(v) for k, v in agree.items()}
