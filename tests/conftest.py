@@ -8,6 +8,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # took 3 minutes. The tests' Ray clusters (started here, their workers inheriting this) run at 0.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -16,10 +20,17 @@ torch.manual_seed(0)
 # Two lanes under pytest-xdist (`make test` runs `pytest -n 2`). The real-model quality tests are
 # compute bound (fp32 matrix products at the cores' peak); the rest mostly wait on subprocesses,
 # servers and sockets (alone, `-m "not real_model"` kept 2 cores 65% busy). So the files of
-# REAL_LANE run in one worker, one after another, on every torch thread, while the other files are
-# spread over both workers on half of them (their subprocesses too, through OMP_NUM_THREADS): the
-# waits overlap the products instead of adding to them. A file is a unit either way, so a module's
-# fixtures are computed once.
+# REAL_LANE run in one worker, one after another, while the other files are spread over both
+# workers: the waits overlap the products instead of adding to them. A file is a unit either way,
+# so a module's fixtures are computed once.
+#
+# Threads: each worker runs on half of torch's threads (its subprocesses too, through
+# OMP_NUM_THREADS) while the other is alive, and on all of them once it has finished. An OpenMP team
+# of 2 threads on 2 cores beside a busy second process waits at every barrier for whichever thread
+# the other process preempted: on all threads beside the other lane, the real-model tests ran 2-3x
+# slower than alone (docs/runs/ci_suite.json, stop 58). A fixture keeps the threads its test's setup
+# started with. The thread count does not change the results: the models' forwards are bit-identical
+# on 1 and 2 threads.
 REAL_LANE = (
     "tests/core/test_real_model.py",
     "tests/core/test_real_model_qwen.py",
@@ -29,6 +40,7 @@ REAL_LANE = (
     "tests/core/test_compact_kv.py",
 )
 THREADS = torch.get_num_threads()
+LANES_KEY = "cacheblend_lanes"  # workerinput: the folder where each worker keeps a file while it runs
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -48,12 +60,59 @@ def pytest_xdist_make_scheduler(config, log):
     return Lanes(config, log)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Controller: one folder for the run's workers to say they are alive in (``_others_running``)."""
+    config = node.config
+    if not hasattr(config, "_cacheblend_lanes"):
+        config._cacheblend_lanes = tempfile.mkdtemp(prefix="cacheblend-lanes-")
+    node.workerinput[LANES_KEY] = config._cacheblend_lanes
+
+
+def pytest_configure(config):
+    """Worker: its file in the lanes folder, holding its pid, while it runs."""
+    lanes = getattr(config, "workerinput", {}).get(LANES_KEY)
+    if lanes:
+        (Path(lanes) / config.workerinput["workerid"]).write_text(str(os.getpid()))
+
+
+def pytest_unconfigure(config):
+    """Worker: its file removed; controller: the folder."""
+    if hasattr(config, "workerinput"):
+        lanes = config.workerinput.get(LANES_KEY)
+        if lanes:
+            (Path(lanes) / config.workerinput["workerid"]).unlink(missing_ok=True)
+    elif hasattr(config, "_cacheblend_lanes"):
+        shutil.rmtree(config._cacheblend_lanes, ignore_errors=True)
+
+
+def _others_running(config) -> bool:
+    """Whether another worker of this run is alive (its file is there and its pid exists)."""
+    lanes = getattr(config, "workerinput", {}).get(LANES_KEY)
+    if not lanes:
+        return False
+    for path in Path(lanes).iterdir():
+        if path.name == config.workerinput["workerid"]:
+            continue
+        pid = path.read_text().strip()
+        if not pid.isdigit():  # still being written: alive
+            return True
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # killed before it could remove its file
+            continue
+        except PermissionError:  # alive, as another user
+            pass
+        return True
+    return False
+
+
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures, a module's included, are set up
 def pytest_runtest_setup(item):
-    """Under xdist: every torch thread in REAL_LANE's files, half of them elsewhere (subprocesses
-    included); a plain run keeps torch's default."""
+    """Under xdist: half of torch's threads (subprocesses included) while another worker runs, all
+    of them once it has finished; a plain run keeps torch's default."""
     if "PYTEST_XDIST_WORKER" in os.environ:
-        threads = THREADS if item.nodeid.split("::", 1)[0] in REAL_LANE else max(1, THREADS // 2)
+        threads = max(1, THREADS // 2) if _others_running(item.config) else THREADS
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
 

@@ -171,6 +171,30 @@ def test_blend_computes_only_the_selected_rows_past_the_check_layer(fresh_real_e
     assert full.output.active_per_layer == [n] * len(rows) and full.stats.recomputed_tokens == n
 
 
+def test_the_thread_count_changes_no_result(fresh_real_engine, pydoc_chunks):
+    """`make test` runs each xdist worker on 1 or 2 torch threads depending on whether the other
+    worker still runs (tests/conftest.py), so no result may depend on the count: records warmed, the
+    default blend (the draft), deviation and a full prefill are bit-identical on 1 and 2 threads."""
+    from cacheblend import BlendConfig
+    from cacheblend.models import catalog
+
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            engine = fresh_real_engine(**dict(catalog.MODELS[catalog.DEFAULT].blend))  # SmolLM2's default
+            engine.warm(pydoc_chunks[:2])
+            req = dict(chunks=pydoc_chunks[:2], query="What is this about?")
+            runs.append([engine.prefill(**req).output.logits,
+                         engine.prefill(**req, config=BlendConfig().with_kv_of(engine.config)).output.logits,
+                         engine.prefill(**req, recompute_ratio=1.0).output.logits])
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(*runs):
+        assert torch.equal(one, two)
+
+
 def test_fp16_store_matches_fp32_store_closely(fresh_real_engine, pydoc_chunks):
     """The default fp16 KV on disk costs almost nothing in quality against fp32 KV (both warmed
     alone, so the same computation differs only in the stored dtype)."""
