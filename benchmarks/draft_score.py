@@ -18,7 +18,9 @@ default's: the named chunk whole where the question names one, else the fused sc
 
 The draft is full reuse's own answer, right or wrong; where it is wrong the hope is that recomputing
 what its wrong value read changes that value. The draft does not stop at an end-of-answer token.
-Cost: T rows more than the question selector's stage 1 (``BlendStats.first_stage_tokens``). Until
+Cost: T rows more than the question selector's stage 1 (``BlendStats.first_stage_tokens``), and the
+rows of the guesses its drafting passes rejected (``draft.py``: each pass verifies prompt lookup's
+guesses; ``one-by-one`` drafts a token per pass, the same draft). Until
 stop 57 this script drafted by T more full-reuse passes over the prompt and the draft (the run files
 of stop 56: the same tokens and scores, tests/core/test_draft.py, at 1.0-1.2x full prefill's time).
 Every other argument is select_eval.py's: the tables, run files and the full-prefill reference are its.
@@ -53,7 +55,8 @@ class LexicalDraftSelector(LexicalQuestionSelector):
 
 def register() -> None:
     """Adds ``"nb1 draft-only T last3"`` (``BlendConfig(selector="draft", draft_tokens=T)`` at 15%),
-    ``"nb1 draft T last3"`` (the same with the question's rows scored) and ``"nb1 lexical+draft T 8%"``,
+    ``"nb1 draft-only T last3 one-by-one"`` (the same drafted one token per pass: ``lookahead=0``),
+    ``"nb1 draft T last3"`` (the question's rows scored too) and ``"nb1 lexical+draft T 8%"``,
     ``"nb1 lexical+draft-only T 8%"`` (Qwen's default, ``nb1 lexical+question 8%``, with that stage 1)
     for T in 1, 2, 4, 8."""
     lexical = select_eval.METHODS["nb1 lexical+question 8%"][0]
@@ -63,6 +66,8 @@ def register() -> None:
         select_eval.METHODS[f"nb1 draft-only {tokens} last3"] = (drafting, None)
         select_eval.METHODS[f"nb1 draft {tokens} last3"] = (drafting, DraftSelector("last_third", tokens=tokens,
                                                                                     question=True))
+        select_eval.METHODS[f"nb1 draft-only {tokens} last3 one-by-one"] = (
+            drafting, DraftSelector("last_third", tokens=tokens, lookahead=0))
         for word, only in (("draft", False), ("draft-only", True)):
             select_eval.METHODS[f"nb1 lexical+{word} {tokens} 8%"] = (
                 lexical, LexicalDraftSelector(base.lexical, base.fusion, tokens=tokens, only=only))

@@ -1,13 +1,13 @@
 """The MAC count behind the benchmark's attention-aware floor (tools/cost.py), checked against what
 torch itself counts while the prefill runs (``FlopCounterMode``) and against the masks enumerated."""
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
 from cacheblend.blending.blend import blend_prefill
-from cacheblend.blending.draft import DraftSelector
+from cacheblend.blending.draft import DraftSelector, draft_stage
 from cacheblend.blending.selection import DeviationSelector, QuestionSelector
 from cacheblend.tools.bench import compute_floor
 from cacheblend.tools.cost import key_pairs, prefill_macs, prefill_rows
@@ -52,16 +52,27 @@ def test_a_two_stage_blend_counts_its_first_stage(make_engine):
     assert flops["aten.bmm"] == 2 * (macs.attention - plain.attention) > 0
 
 
+@dataclass(frozen=True)
+class WrongGuesses(DraftSelector):
+    """The draft selector whose drafting passes guess token 0 for every next token."""
+
+    def first_stage(self, model, inp):
+        return draft_stage(model, inp, self.fusion, self.tokens, self.question, guesses=lambda draft, count: [0] * count)
+
+
 @pytest.mark.parametrize("question", [False, True])
-def test_a_drafted_first_stage_counts_its_draft(make_engine, question):
+@pytest.mark.parametrize("selector", [DraftSelector, WrongGuesses])
+def test_a_drafted_first_stage_counts_its_draft(make_engine, question, selector):
     """The draft selector's rows (blending/draft.py) are counted as torch counts them: each draft
-    row's linear weights (its layer-0 K/V and its LM head too) and its scores over the prompt's keys
-    and the draft's."""
+    row's linear weights (its layer-0 K/V and its LM head too; a rejected guess's row's too) and the
+    kept rows' scores over the prompt's keys and the draft's."""
     engine = make_engine("llama")
     engine.warm(CHUNKS)
     inp = assembled(engine, request(engine, (2, 0, 1))).input
-    out, flops = counted(engine, inp, {0: 0.15}, DraftSelector("last_third", tokens=5, question=question))
+    out, flops = counted(engine, inp, {0: 0.15}, selector("last_third", tokens=5, question=question))
     assert out.drafted == 5 and out.question_rows >= 5
+    if selector is WrongGuesses:  # rows were rejected
+        assert int((out.first_stage_active[0] >= inp.ids.shape[0]).sum()) > 5
     macs, plain = prefill_macs(engine.adapter, out), prefill_macs(engine.adapter, replace(out, question_rows=0, drafted=0))
     assert flops["aten.mm"] == 2 * macs.linear
     assert flops["aten.bmm"] == 2 * (macs.attention - plain.attention) > 0

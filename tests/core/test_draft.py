@@ -5,7 +5,9 @@ draft rows' attention. Checked here: the draft is what a plain transformers forw
 over that cache; the score equals one full-reuse pass over the prompt and the draft together
 (computed the slow way, every uncached row of it, as benchmarks/draft_score.py first did), with the
 question's rows or without; stage 2 gets the prompt's own full-reuse caches; the rows are counted;
-at ratio 1.0 the blend is a full prefill; bad settings are refused.
+at ratio 1.0 the blend is a full prefill; bad settings are refused. A drafting pass verifies guessed
+tokens: whatever the guesses, right, wrong or half right, the draft, its score and stage 2's caches
+are the one-token-per-pass draft's, in fewer passes the better the guesses.
 """
 
 from dataclasses import replace
@@ -16,7 +18,7 @@ import torch
 from cacheblend import BlendConfig
 from cacheblend.blending.blend import reuse_pass
 from cacheblend.blending.check import Check
-from cacheblend.blending.draft import DraftSelector, draft_stage
+from cacheblend.blending.draft import DraftSelector, draft_stage, prompt_lookup
 from cacheblend.blending.question import Fusion, QuestionScore
 from cacheblend.blending.selection import NoneSelector, SinkSelector
 from cacheblend.blending.selectors import make_selector
@@ -74,6 +76,52 @@ def test_the_draft_is_full_reuses_greedy_answer_and_its_score_one_pass_over_prom
     assert all(torch.equal(rows, torch.cat([p, torch.arange(n, n + 4)])) for rows, p in zip(out.active_rows, plain.active_rows))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_guessed_tokens_change_nothing_but_the_passes(make_engine, family):
+    """The draft of one token per pass (``lookahead=0``) against passes that verify guesses: the
+    right continuation (one pass after the first token), always wrong guesses (a rejected row per
+    pass), right then wrong, and prompt lookup's. The same tokens, the same score (1e-5), the same
+    stage-2 caches; the rows computed and the passes counted."""
+    engine = make_engine(family)
+    engine.warm(CHUNKS)
+    inp = assembled(engine, request(engine, (1, 2, 0))).input
+    model, n, fusion, tokens = engine.adapter, inp.ids.shape[0], Fusion("last_third"), 6
+    with torch.inference_mode():
+        ref, ref_asked = draft_stage(model, inp, fusion, tokens, question=True, guesses=0)
+    truth = ref_asked.draft
+    assert ref_asked.passes == tokens and ref.recomputed == reuse_pass(model, inp).recomputed + tokens
+    vocab = model.config.vocab_size
+    guessers = {
+        "right": (lambda draft, count: truth[len(draft): len(draft) + count], 1, 0),
+        "wrong": (lambda draft, count: [(truth[len(draft)] + 1) % vocab][:count], tokens, tokens - 1),
+        "half": (lambda draft, count: (truth[len(draft): len(draft) + 1] + [(truth[len(draft) + 1] + 1) % vocab]
+                                       if count >= 2 else truth[len(draft): len(draft) + count]), 3, 2),
+        "lookup": (None, None, None),
+    }
+    for name, (propose, passes, rejected) in guessers.items():
+        with torch.inference_mode():
+            out, asked = draft_stage(model, inp, fusion, tokens, True, *([propose] if propose else []))
+        assert asked.draft == truth, name
+        torch.testing.assert_close(asked.score(inp.reused, inp.chunk_offsets),
+                                   ref_asked.score(inp.reused, inp.chunk_offsets), atol=1e-5, rtol=1e-4)
+        assert asked.rows == ref_asked.rows
+        assert all(torch.equal(a, b) for pa, pb in zip(out.kv, ref.kv) for a, b in zip(pa, pb)), name
+        if passes is not None:
+            assert (asked.passes, out.recomputed - ref.recomputed) == (passes, rejected), name
+        drafting = out.active_rows[0][out.active_rows[0] >= n]
+        assert drafting.shape[0] == out.recomputed - ref.recomputed + tokens and set(drafting.tolist()) == set(range(n, n + tokens))
+        assert all(torch.equal(rows, out.active_rows[0]) for rows in out.active_rows)
+
+
+def test_prompt_lookup_guesses_what_follows_the_longest_recent_match():
+    propose = prompt_lookup(torch.tensor([5, 1, 2, 3, 9, 1, 2, 4, 7, 8, 2, 3, 6, 0]))
+    assert propose([1, 2], 3) == [4, 7, 8]  # "1 2" last occurs before "4 7 8"
+    assert propose([9, 2, 3], 2) == [6, 0]  # "2 3": the later of its two occurrences
+    assert propose([11, 3], 5) == [6, 0]  # "3" alone where "11 3" does not occur; what is left
+    assert propose([8], 0) == [] and propose([42], 3) == []  # nothing asked; nothing found
+    assert propose([6, 0], 2) == []  # "6 0" ends the prompt: nothing follows it
+
+
 def test_the_draft_rows_move_the_score(make_engine):
     """A score the draft did not change would make the selector the question selector again."""
     engine = make_engine("llama")
@@ -118,5 +166,8 @@ def test_sinks_keep_the_drafted_stage_and_bad_settings_are_refused():
             BlendConfig(selector="draft", draft_tokens=tokens)
         with pytest.raises(ValueError, match="draft tokens"):
             DraftSelector(tokens=tokens)
+    for lookahead in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="draft lookahead"):
+            DraftSelector(lookahead=lookahead)
     with pytest.raises(ValueError, match="selector 'draft' has none"):
         BlendConfig(selector="draft", auto_budget=True)

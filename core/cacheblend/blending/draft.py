@@ -14,12 +14,22 @@ attention in the full-reuse pass too). The draft is full reuse's own answer, rig
 not stop at an end token. Stage 2 is the question selector's, over the full-reuse pass's caches of
 the prompt's rows: the draft's K/V are dropped, never decoded from.
 
-Cost: ``tokens`` rows more than the question selector's stage 1 (``BlendStats.first_stage_tokens``
-counts them; ``first_stage_active`` holds their positions, so ``tools/cost.py`` counts their work).
+Drafting passes: a one-row pass reads every weight of the model for one token, so on a CPU (and on
+a GPU) it costs far more than its share of a prefill's rows. Each pass therefore also computes the
+rows of up to ``lookahead`` guessed next tokens (``prompt_lookup``: what follows the draft's last
+tokens where they occur in the prompt, since an answer copies its values from the passages) and
+keeps those that greedy decoding confirms, and the token after them, which its logits give: the
+draft is the same greedy draft (the same tokens, their rows scored alike), in fewer passes. A
+rejected guess's row is computed, not scored, and overwritten by the next pass.
+
+Cost: the draft's rows more than the question selector's stage 1, a rejected guess's included
+(``BlendStats.first_stage_tokens`` counts them; ``first_stage_active`` holds their positions, so
+``tools/cost.py`` counts their work).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +44,8 @@ from .rope import RopeTables, apply_rope
 from .rows import Rows, attend_rows
 from .selection import NoneSelector, QuestionSelector
 
+LOOKAHEAD = 7  # guesses a drafting pass verifies at most (``prompt_lookup``'s); 0: one token per pass
+
 
 class DraftScore(QuestionScore):
     """``QuestionScore`` over the prompt's N keys, whose asking rows include draft rows past N;
@@ -42,13 +54,20 @@ class DraftScore(QuestionScore):
     def __init__(self, model: ModelAdapter, asking: torch.Tensor, fusion: Fusion, keys: int) -> None:
         super().__init__(model, asking, fusion, keys)
         self.draft: list[int] = []
+        self.passes = 0  # the drafting passes (``draft_stage``)
 
 
-def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: int,
-                question: bool = False) -> tuple[BlendOutput, DraftScore]:
+Propose = Callable[[list[int], int], list[int]]  # (the draft so far, at most how many) -> guessed next tokens
+
+
+def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: int, question: bool = False,
+                guesses: int | Propose = LOOKAHEAD) -> tuple[BlendOutput, DraftScore]:
     """Stage 1 with a drafted answer (the module docstring). Returns the full-reuse pass's output
-    over the prompt's N rows, with the draft rows added to ``recomputed`` and to every layer's
-    ``active_rows`` (positions N..N+tokens-1), and the score, whose ``draft`` holds the tokens."""
+    over the prompt's N rows, with every row the drafting passes computed added to ``recomputed``
+    and to every layer's ``active_rows`` (positions N..N+tokens-1; a rejected guess's position once
+    more), and the score, whose ``draft`` holds the tokens and ``passes`` the drafting passes.
+    ``guesses``: how many of ``prompt_lookup``'s guesses a pass verifies at most (0: none, a token
+    per pass), or a ``Propose`` of its own, asked for as many as the draft has room for."""
     check_tokens(tokens)
     n, device = inp.ids.shape[0], inp.ids.device
     asking = Check.of(inp, NoneSelector()).asking if question else inp.reused.new_zeros(n)
@@ -56,15 +75,51 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
     first = reuse_pass(model, inp, asked if question else None)
     tables = RopeTables.at(model, torch.arange(n + tokens, device=device))
     caches = [_grown(k[0], v[0], tokens) for k, v in first.kv]  # per layer [2,Hkv,N+T,d]
-    asked.draft.append(int(first.logits.argmax()))
-    for at in range(n, n + tokens):
-        logits = _row(model, caches, asked.draft[-1], at, tables, asked)
-        if len(asked.draft) < tokens:
-            asked.draft.append(int(logits.argmax()))
-    drafted = torch.arange(n, n + tokens, device=device)
+    propose, lookahead = (guesses, tokens) if callable(guesses) else (prompt_lookup(inp.ids), guesses)
+    draft, done, computed = [int(first.logits.argmax())], 0, []  # done: the draft's rows kept
+    while done < tokens:  # draft[done] is known, its row not computed yet
+        room = min(lookahead, tokens - len(draft))
+        guess = propose(draft, room)[:room] if room else []
+        positions = torch.arange(n + done, n + done + 1 + len(guess), device=device)
+        logits, seen = _rows(model, caches, draft[done:] + guess, positions, tables)
+        picks = logits.argmax(dim=-1).tolist()
+        kept = 1  # rows whose token is verified: the known one and the guesses greedy decoding agrees with
+        while kept <= len(guess) and picks[kept - 1] == guess[kept - 1]:
+            kept += 1
+        for layer, q, keys in seen:  # a rejected guess's row is neither scored nor kept
+            asked(layer, q[:, :, :kept], keys, positions[:kept])
+        draft, done = draft + guess[: kept - 1], done + kept
+        if len(draft) < tokens:
+            draft.append(picks[kept - 1])
+        computed.append(positions)
+        asked.passes += 1
+    asked.draft = draft
+    drafted = torch.cat(computed)
     first.active_rows = [torch.cat([rows, drafted]) for rows in first.active_rows]
-    first.recomputed, first.drafted = first.recomputed + tokens, tokens
+    first.recomputed, first.drafted = first.recomputed + drafted.shape[0], tokens
     return first, asked
+
+
+def prompt_lookup(ids: torch.Tensor, longest: int = 3) -> Propose:
+    """The guesses of prompt lookup: the tokens that follow, in the prompt ``ids`` [N], the latest
+    occurrence of the draft's last ``longest`` tokens (of fewer where those do not occur; the
+    prompt's own tokens before the draft count as the draft's past). A RAG answer copies its values
+    from the passages, so the guesses are often what greedy decoding picks."""
+    prompt = ids.tolist()
+    where: dict[int, list[int]] = {}
+    for i, token in enumerate(prompt[:-1]):  # a match must have a token after it
+        where.setdefault(token, []).append(i)
+
+    def propose(draft: list[int], count: int) -> list[int]:
+        context = prompt[-longest:] + draft
+        for size in range(min(longest, len(context)), 0, -1):
+            tail = context[-size:]
+            for start in reversed(where.get(tail[0], ())):
+                if start + size < len(prompt) and prompt[start: start + size] == tail:
+                    return prompt[start + size: start + size + count]
+        return []
+
+    return propose
 
 
 def check_tokens(tokens: object) -> None:
@@ -82,24 +137,28 @@ def _grown(k: torch.Tensor, v: torch.Tensor, tokens: int) -> torch.Tensor:
     return out
 
 
-def _row(model: ModelAdapter, caches: list[torch.Tensor], token: int, at: int, tables: RopeTables,
-         observe: QuestionScore) -> torch.Tensor:
-    """One decoding step: the row of ``token`` at position ``at`` over the rows before it in
-    ``caches`` (per layer [2,Hkv,N',d], rotated K and V), its K/V written there, ``observe``d at
-    every layer as the blend's passes are. Returns its logits [vocab]."""
-    rows = Rows.at(torch.tensor([at], device=caches[0].device), tables)
-    h = model.embed(torch.tensor([[token]], device=caches[0].device))  # [1, 1, hidden]
+def _rows(model: ModelAdapter, caches: list[torch.Tensor], tokens: list[int], positions: torch.Tensor,
+          tables: RopeTables) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor, torch.Tensor]]]:
+    """One drafting pass: the rows of ``tokens`` at ``positions`` [m] (consecutive) over the rows
+    before them in ``caches`` (per layer [2,Hkv,N',d], rotated K and V), their K/V written there.
+    Returns their logits [m, vocab] and, per layer, what a ``QuestionScore`` reads: (layer, q
+    [1,H,m,d] rotated, keys [1,Hkv,N',d], a view of the cache, whose rows past a row's own position
+    it never reads)."""
+    rows = Rows.at(positions, tables)
+    lo, hi = int(positions[0]), int(positions[-1]) + 1
+    h = model.embed(torch.tensor([tokens], device=positions.device))  # [1, m, hidden]
+    seen = []
     for layer, kv in enumerate(caches):
-        cos, sin = rows.rope.layer(layer)  # [1, d]
+        cos, sin = rows.rope.layer(layer)  # [m, d]
         x = model.attn_input(layer, h)
-        k, v = model.kv(layer, x)  # [1,Hkv,1,d], k before RoPE
-        kv[0, :, at] = apply_rope(k[0], cos, sin)[:, 0]
-        kv[1, :, at] = v[0, :, 0]
-        q = apply_rope(model.q(layer, x), cos, sin)  # [1,H,1,d]
+        k, v = model.kv(layer, x)  # [1,Hkv,m,d], k before RoPE
+        kv[0, :, lo:hi] = apply_rope(k[0], cos, sin)
+        kv[1, :, lo:hi] = v[0]
+        q = apply_rope(model.q(layer, x), cos, sin)  # [1,H,m,d]
         keys, values = kv[0][None], kv[1][None]
-        observe(layer, q, keys, rows.active)
+        seen.append((layer, q, keys))
         h = model.finish(layer, h, attend_rows(model, layer, q, keys, values, rows.plan))
-    return model.logits(h[0, -1])
+    return model.logits(h[0]), seen
 
 
 @dataclass(frozen=True)
@@ -109,10 +168,13 @@ class DraftSelector(QuestionSelector):
 
     tokens: int = 8
     question: bool = False
+    lookahead: int = LOOKAHEAD
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_tokens(self.tokens)
+        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or self.lookahead < 0:
+            raise ValueError(f"draft lookahead must be an integer >= 0, got {self.lookahead!r}")
 
     def first_stage(self, model: ModelAdapter, inp: BlendInput) -> tuple[BlendOutput, DraftScore]:
-        return draft_stage(model, inp, self.fusion, self.tokens, self.question)
+        return draft_stage(model, inp, self.fusion, self.tokens, self.question, self.lookahead)

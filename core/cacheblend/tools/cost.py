@@ -18,7 +18,8 @@ really computed (``BlendOutput.active_rows``):
 - a two-stage blend's first stage the same way (its LM head included), and the scores it takes of
   the question's attention: heads x head_dim per (question row, key) pair at each scored layer;
   a drafted answer's rows (``blending/draft.py``) each as a row of every layer of that stage, with
-  its layer-0 K/V, its LM head, and its scores over the prompt's keys and the draft's.
+  its layer-0 K/V and its LM head (the rows of guesses a drafting pass rejected too), and the kept
+  rows' scores over the prompt's keys and the draft's.
 
 Not counted: embeddings, norms, RoPE and the softmax (elementwise), and what a blend does besides
 computing rows (loading and realigning the cached KV, the selection, copies). The MAC floor of a
@@ -52,7 +53,10 @@ def prefill_macs(adapter: ModelAdapter, out: BlendOutput) -> Macs:
     per_pair = 2 * adapter.num_heads * adapter.head_dim
     # the scoring, QK only: a drafted row (``blending/draft.py``) over the prompt's keys and the draft's
     attention = (out.question_rows * n + out.drafted ** 2) * per_pair // 2 * len(out.question_layers)
-    linear = out.drafted * (adapter.linear_macs(0)[0] + adapter.linear_macs(None)[1])  # its layer-0 K/V, LM head
+    # every row the drafting passes computed (a rejected guess's too: the first stage's rows past the
+    # prompt) adds its layer-0 K/V and its LM head
+    drafting = int((out.first_stage_active[0] >= n).sum()) if out.drafted else 0
+    linear = drafting * (adapter.linear_macs(0)[0] + adapter.linear_macs(None)[1])
     for stage in (out.first_stage_active, out.active_rows):
         entering, linear = n, linear + (adapter.linear_macs(None)[1] if stage else 0)  # each stage's last row's logits
         for layer, rows in enumerate(stage):
