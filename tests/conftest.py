@@ -31,13 +31,17 @@ torch.manual_seed(0)
 # slower than alone (docs/runs/ci_suite.json, stop 58). A fixture keeps the threads its test's setup
 # started with. The thread count does not change the results: the models' forwards are bit-identical
 # on 1 and 2 threads.
+#
+# Order: the lane runs its files in REAL_LANE's order, the longest tests first, so that what runs
+# when the other worker finishes (and the lane takes every thread) is short tests that start on
+# them, not a long one that started on half.
 REAL_LANE = (
-    "tests/core/test_real_model.py",
     "tests/core/test_real_model_qwen.py",
-    "tests/core/test_real_families.py",
+    "tests/core/test_real_model.py",
     "tests/core/test_neighbours.py",
-    "tests/core/test_model_catalog.py",
     "tests/core/test_compact_kv.py",
+    "tests/core/test_model_catalog.py",
+    "tests/core/test_real_families.py",
 )
 THREADS = torch.get_num_threads()
 LANES_KEY = "cacheblend_lanes"  # workerinput: the folder where each worker keeps a file while it runs
@@ -58,6 +62,21 @@ def pytest_xdist_make_scheduler(config, log):
             return "real-lane" if path in REAL_LANE else path
 
     return Lanes(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist: REAL_LANE's tests in REAL_LANE's order of files (each file's own order kept),
+    in the places the lane's tests held; every other test where it was."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    slots = [i for i, item in enumerate(items) if _file(item) in REAL_LANE]
+    lane = sorted((items[i] for i in slots), key=lambda item: REAL_LANE.index(_file(item)))
+    for i, item in zip(slots, lane):
+        items[i] = item
+
+
+def _file(item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(optionalhook=True)
