@@ -58,7 +58,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
+            path = _file(nodeid)
             return "real-lane" if path in REAL_LANE else path
 
     return Lanes(config, log)
@@ -69,14 +69,15 @@ def pytest_collection_modifyitems(config, items):
     in the places the lane's tests held; every other test where it was."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
-    slots = [i for i, item in enumerate(items) if _file(item) in REAL_LANE]
-    lane = sorted((items[i] for i in slots), key=lambda item: REAL_LANE.index(_file(item)))
+    slots = [i for i, item in enumerate(items) if _file(item.nodeid) in REAL_LANE]
+    lane = sorted((items[i] for i in slots), key=lambda item: REAL_LANE.index(_file(item.nodeid)))
     for i, item in zip(slots, lane):
         items[i] = item
 
 
-def _file(item) -> str:
-    return item.nodeid.split("::", 1)[0]
+def _file(nodeid: str) -> str:
+    """The test file of a node id."""
+    return nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(optionalhook=True)
