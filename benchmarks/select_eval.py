@@ -321,6 +321,8 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
                 sel.set_reference(full, Prefiller(eng.adapter, eng.kv.encode, records, cfg.with_ratio(0.0)).run(
                     engine.request(**req)))
             asked = dict(req, chunks=REORDERS[name](q.passages)) if name in REORDERS else req
+            if hasattr(sel, "prepare"):  # a selector that reads the prompt's records itself (record_gap.py)
+                sel.prepare(eng, engine.request(**asked))
             pre = Prefiller(eng.adapter, eng.kv.encode, records, cfg, sel).run(engine.request(**asked))
             kl, top1, same, q_ref = _compare(p, pre, ref.token_ids, ends_eos, engine.eos_ids)
             spent = pre.stats.recomputed_tokens

@@ -1,0 +1,146 @@
+"""Where a chunk's two records disagree: a staleness signal that costs no model compute.
+
+    .venv/bin/python benchmarks/record_gap.py --dataset facts --split dev --count 60 --threads 1 --methods "nb1 reuse,nb1 deviation,nb1 gap,nb1 draft-only 8 last3,nb1 draft-only 8 last3 gap x" --run-file gap.json
+    .venv/bin/python benchmarks/record_gap.py --quick     # 1 dev fact question: deviation and the gap
+
+With lead records (the default warming) every chunk has two records: its lead record, warmed behind
+the chunk context alone, and its record warmed behind its most similar passage. A row whose K/V
+moves between those two contexts is a row whose K/V depends on what precedes it; in a prompt, where
+other passages precede it, it is among the likeliest to be stale. The *gap* of a reused row is the
+distance between its two records' V, summed over the layers (each layer's squared distance divided
+by that layer's mean squared V norm over the prompt's reused rows, so that no layer's scale decides;
+K is not compared: the two records' K differ by the same rotation, none, as both are stored before
+RoPE, but K's norms are dominated by a few channels). It needs both records read, and no forward.
+The prompt's first chunk reads its lead record, which nothing but the head precedes, as in full
+prefill: its gap is 0 (its rows are never picked for it).
+
+CacheBlend's deviation measures staleness at one check layer, after a full layer-0 prelude. The
+draft selector (``draft.py``) scores by importance: the attention a drafted answer pays each row,
+whether or not the row is stale. The methods here (select_eval.py's harness, its tables and run
+files; development data only):
+
+- ``"nb1 gap"``: the default's records, 15% of the reused rows by the gap, in the one-pass blend
+  at check layer 0 (the selector reads no fresh K/V, so no prelude is needed; the layer-0 K/V
+  projections of every row are still computed there).
+- ``"nb1 draft-only 8 last3 gap x"``: SmolLM2's default (the draft) with its score multiplied by the
+  gap: rows the answer reads *and* whose records disagree. ``"... gap W"``: W x the draft's rank plus
+  (1 - W) x the gap's rank.
+- ``"nb1 lexical gap"``: the named chunk whole, the rest of 15% by the gap instead of deviation
+  (``"nb1 lexical"``'s control).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+import select_eval
+from cacheblend.blending.draft import DraftSelector
+from cacheblend.blending.lexical import LexicalSelector
+from cacheblend.blending.selection import Candidates, _rank, _top
+from cacheblend.config import BlendConfig
+from cacheblend.prompts.assemble import assemble, chunk_encodings
+
+
+def record_gap(engine, request) -> torch.Tensor:
+    """[N] fp32: each prompt row's gap (the module docstring) between the records the default reads
+    and the lead records, 0 for rows no record covers and for the first chunk's."""
+    chunks = chunk_encodings(request.text, engine.kv.encode)
+    ids = [list(c.ids) for c in chunks]
+    device = engine.adapter.device
+    read = assemble(request.text, request.encoding, chunks, engine.kv.records(ids), device, True).input
+    lead = assemble(request.text, request.encoding, chunks, engine.kv.records(ids, lead_from=0), device, True).input
+    n = read.ids.shape[0]
+    if read.cached is None:
+        return torch.zeros(n)
+    a, b = read.cached[:, 1].float(), lead.cached[:, 1].float()  # V [layers, Hkv, N, d]
+    reused = read.reused
+    scale = b[:, :, reused].pow(2).sum((1, 3)).mean(1).clamp_min(1e-12)  # [layers] mean squared norm per row
+    gap = ((a - b).pow(2).sum((1, 3)) / scale[:, None]).sum(0)  # [N]
+    return gap.masked_fill(~reused, 0.0)
+
+
+@dataclass
+class GapState:
+    gap: torch.Tensor | None = None  # [N] of the prompt being blended (``prepare``)
+
+    def of(self, cand: Candidates) -> torch.Tensor:
+        return self.gap.to(cand.positions.device)[cand.positions.long()]
+
+
+@dataclass(frozen=True)
+class GapSelector:
+    """The reused rows of largest gap."""
+
+    state: GapState = field(default_factory=GapState, compare=False)
+    needs_query = False
+
+    def prepare(self, engine, request) -> None:
+        self.state.gap = record_gap(engine, request)
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        return _top(self.state.of(cand), budget)
+
+
+@dataclass(frozen=True)
+class DraftGapSelector(DraftSelector):
+    """The draft's score with the gap: their product (``weight`` None) or weighted ranks."""
+
+    weight: float | None = None
+    state: GapState = field(default_factory=GapState, compare=False)
+
+    def prepare(self, engine, request) -> None:
+        self.state.gap = record_gap(engine, request)
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        draft, gap = cand.question_score.float(), self.state.of(cand)
+        if self.weight is None:
+            return _top(draft * gap, budget)
+        return _top(self.weight * _rank(draft) + (1 - self.weight) * _rank(gap), budget)
+
+
+@dataclass(frozen=True)
+class LexicalGapSelector(LexicalSelector):
+    """The named chunk whole, the rest of the budget by the gap (``LexicalSelector`` with the gap in
+    deviation's place)."""
+
+    state: GapState = field(default_factory=GapState, compare=False)
+
+    def prepare(self, engine, request) -> None:
+        self.state.gap = record_gap(engine, request)
+
+    def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
+        budget = min(budget, cand.positions.numel())
+        gap = self.state.of(cand)
+        named = _top(self.scores(cand, gap), round(budget * self.share))
+        if named.numel() >= budget:
+            return named
+        rest = gap.clone()
+        rest[named] = -1.0
+        return torch.cat([named, _top(rest, budget - named.numel())])
+
+
+def register() -> None:
+    """Adds the module docstring's methods to select_eval's."""
+    one_pass = BlendConfig(neighbours=1, check_layers=(0,))
+    select_eval.METHODS["nb1 gap"] = (one_pass, GapSelector())
+    select_eval.METHODS["nb1 lexical gap"] = (BlendConfig(selector="lexical", neighbours=1), LexicalGapSelector())
+    drafting = select_eval.METHODS["nb1 draft-only 8 last3"][0]
+    select_eval.METHODS["nb1 draft-only 8 last3 gap x"] = (drafting, DraftGapSelector("last_third", tokens=8))
+    for w in (0.25, 0.5, 0.75):
+        select_eval.METHODS[f"nb1 draft-only 8 last3 gap {w}"] = (drafting, DraftGapSelector("last_third", tokens=8,
+                                                                                            weight=w))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import draft_score
+
+    draft_score.register()
+    register()
+    select_eval.main_with(__doc__, "nb1 deviation,nb1 gap", sys.argv[1:] if argv is None else list(argv))
+
+
+if __name__ == "__main__":
+    main()
