@@ -4,15 +4,13 @@
     .venv/bin/python benchmarks/record_gap.py --quick     # 1 dev fact question: deviation and the gap
 
 With lead records (the default warming) every chunk has two records: its lead record, warmed behind
-the chunk context alone, and its record warmed behind its most similar passage. A row whose K/V
-moves between those two contexts is a row whose K/V depends on what precedes it; in a prompt, where
-other passages precede it, it is among the likeliest to be stale. The *gap* of a reused row is the
-distance between its two records' V, summed over the layers (each layer's squared distance divided
-by that layer's mean squared V norm over the prompt's reused rows, so that no layer's scale decides;
-K is not compared: the two records' K differ by the same rotation, none, as both are stored before
-RoPE, but K's norms are dominated by a few channels). It needs both records read, and no forward.
-The prompt's first chunk reads its lead record, which nothing but the head precedes, as in full
-prefill: its gap is 0 (its rows are never picked for it).
+the chunk context alone, and its record warmed behind its most similar passage. A row whose V moves
+between those two contexts depends on what precedes it; in a prompt, where other passages precede
+it, it is among the likeliest to be stale. The *gap* of a reused row is that move, summed over the
+layers, each layer scaled by its mean squared V norm (``cacheblend.blending.gap``, the product's:
+``record_gap`` here reads both records as the engine does). It needs no forward pass. The prompt's
+first chunk reads its lead record, which nothing but the head precedes, as in full prefill: its gap
+is 0.
 
 CacheBlend's deviation measures staleness at one check layer, after a full layer-0 prelude. The
 draft selector (``draft.py``) scores by importance: the attention a drafted answer pays each row,
@@ -23,8 +21,10 @@ files; development data only):
   at check layer 0 (the selector reads no fresh K/V, so no prelude is needed; the layer-0 K/V
   projections of every row are still computed there).
 - ``"nb1 draft-only 8 last3 gap x"``: SmolLM2's default (the draft) with its score multiplied by the
-  gap: rows the answer reads *and* whose records disagree. ``"... gap W"``: W x the draft's rank plus
-  (1 - W) x the gap's rank.
+  gap: rows the answer reads *and* whose records disagree. Since stop 60 it is the product's
+  ``BlendConfig(selector="draft+gap")``; the development runs before it (``docs/runs/gap_*``) ran
+  this script's own product of the two, which it reproduces (docs/RECORD-GAP.md). ``"... gap W"``:
+  W x the draft's rank plus (1 - W) x the gap's rank.
 - ``"nb1 lexical gap"``: the named chunk whole, the rest of 15% by the gap instead of deviation
   (``"nb1 lexical"``'s control).
 """
@@ -32,12 +32,13 @@ files; development data only):
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 import select_eval
 from cacheblend.blending.draft import DraftSelector
+from cacheblend.blending.gap import record_gap as product_gap
 from cacheblend.blending.lexical import LexicalSelector
 from cacheblend.blending.selection import Candidates, _rank, _top
 from cacheblend.config import BlendConfig
@@ -45,21 +46,14 @@ from cacheblend.prompts.assemble import assemble, chunk_encodings
 
 
 def record_gap(engine, request) -> torch.Tensor:
-    """[N] fp32: each prompt row's gap (the module docstring) between the records the default reads
-    and the lead records, 0 for rows no record covers and for the first chunk's."""
+    """[N] fp32: each prompt row's gap as the product computes it (``cacheblend.blending.gap``),
+    between the records the default reads and the lead records; zeros where there is none."""
     chunks = chunk_encodings(request.text, engine.kv.encode)
     ids = [list(c.ids) for c in chunks]
-    device = engine.adapter.device
-    read = assemble(request.text, request.encoding, chunks, engine.kv.records(ids), device, True).input
-    lead = assemble(request.text, request.encoding, chunks, engine.kv.records(ids, lead_from=0), device, True).input
-    n = read.ids.shape[0]
-    if read.cached is None:
-        return torch.zeros(n)
-    a, b = read.cached[:, 1].float(), lead.cached[:, 1].float()  # V [layers, Hkv, N, d]
-    reused = read.reused
-    scale = b[:, :, reused].pow(2).sum((1, 3)).mean(1).clamp_min(1e-12)  # [layers] mean squared norm per row
-    gap = ((a - b).pow(2).sum((1, 3)) / scale[:, None]).sum(0)  # [N]
-    return gap.masked_fill(~reused, 0.0)
+    records = engine.kv.records(ids)
+    asm = assemble(request.text, request.encoding, chunks, records, engine.adapter.device, True)
+    gap = product_gap(asm.places, records, engine.kv.records(ids, lead_from=0), len(request.ids))
+    return torch.zeros(len(request.ids)) if gap is None else gap
 
 
 @dataclass
@@ -85,10 +79,11 @@ class GapSelector:
 
 
 @dataclass(frozen=True)
-class DraftGapSelector(DraftSelector):
-    """The draft's score with the gap: their product (``weight`` None) or weighted ranks."""
+class DraftRankGapSelector(DraftSelector):
+    """The draft's score and the gap by weighted rank: ``weight`` x the draft's rank plus (1 - ``weight``)
+    x the gap's (the product's ``draft+gap`` multiplies them instead)."""
 
-    weight: float | None = None
+    weight: float = 0.5
     state: GapState = field(default_factory=GapState, compare=False)
 
     def prepare(self, engine, request) -> None:
@@ -96,8 +91,6 @@ class DraftGapSelector(DraftSelector):
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         draft, gap = cand.question_score.float(), self.state.of(cand)
-        if self.weight is None:
-            return _top(draft * gap, budget)
         return _top(self.weight * _rank(draft) + (1 - self.weight) * _rank(gap), budget)
 
 
@@ -128,10 +121,10 @@ def register() -> None:
     select_eval.METHODS["nb1 gap"] = (one_pass, GapSelector())
     select_eval.METHODS["nb1 lexical gap"] = (BlendConfig(selector="lexical", neighbours=1), LexicalGapSelector())
     drafting = select_eval.METHODS["nb1 draft-only 8 last3"][0]
-    select_eval.METHODS["nb1 draft-only 8 last3 gap x"] = (drafting, DraftGapSelector("last_third", tokens=8))
+    select_eval.METHODS["nb1 draft-only 8 last3 gap x"] = (replace(drafting, selector="draft+gap"), None)
     for w in (0.25, 0.5, 0.75):
-        select_eval.METHODS[f"nb1 draft-only 8 last3 gap {w}"] = (drafting, DraftGapSelector("last_third", tokens=8,
-                                                                                            weight=w))
+        select_eval.METHODS[f"nb1 draft-only 8 last3 gap {w}"] = (drafting, DraftRankGapSelector("last_third", tokens=8,
+                                                                                                weight=w))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -853,38 +853,3 @@ def test_named_bridge_recomputes_the_passage_the_named_one_leads_to():
     none = Candidates(**{**alone.__dict__, "question_ids": torch.tensor([11])})
     assert sorted(nb.NamedBridge(0.05)(none, 20).tolist()) == list(range(210, 230))
 
-
-def test_record_gap_is_the_distance_between_a_chunks_two_records(tiny_model_dir):
-    """Three passages warmed behind a neighbour, with lead records: each row's gap equals its two
-    records' V distance computed here from the stored records, each layer's squared distance
-    divided by that layer's mean squared V norm over the lead records' rows the prompt reuses
-    (1e-5); it is 0 on the first passage (read alone, as in full prefill) and on every row no record
-    covers, and positive on the second passage, whose records differ."""
-    from cacheblend import BlendConfig, BlendEngine
-    from cacheblend.prompts.assemble import aligned_rows, chunk_encodings
-
-    record_gap = _bench_module("record_gap").record_gap
-    engine = BlendEngine.from_pretrained(tiny_model_dir, device="cpu",
-                                         config=BlendConfig(neighbours=1, lead_alone=True, kv_dtype="float32"))
-    passages = [f"Passage {i}: the river town of Ash{i} was founded in 18{i}0 by a miller." for i in range(3)]
-    engine.warm(passages, progress=False)
-    request = engine.request(chunks=passages, query="Who founded Ash1?", prefix="Answer briefly.")
-    gap = record_gap(engine, request)
-    n = len(request.ids)
-    chunks = chunk_encodings(request.text, engine.kv.encode)
-    places = [aligned_rows(request.encoding, span, c) for span, c in zip(request.text.chunks, chunks)]
-    pairs = [[engine.kv.stores.get(k).kv.float() for k in engine.kv.record_keys(list(c.ids))] for c in chunks]
-    lead_v = torch.cat([lead[:, 1, :, cols] for (_, lead), (_, cols) in zip(pairs, places)], dim=2)  # [L,Hkv,R,d]
-    scale = lead_v.pow(2).sum((1, 3)).mean(1)  # [L]
-    expected = torch.zeros(n)
-    for i, ((plain, lead), (rows, cols)) in enumerate(zip(pairs, places)):
-        if i:  # the first chunk reads its lead record: nothing to compare
-            expected[rows] = ((plain[:, 1, :, cols] - lead[:, 1, :, cols]).pow(2).sum((1, 3)) / scale[:, None]).sum(0)
-    assert gap.shape == (n,)
-    assert torch.allclose(gap, expected, rtol=1e-5, atol=1e-7)
-    assert float(gap[places[0][0]].abs().max()) == 0
-    covered = torch.zeros(n, dtype=torch.bool)
-    for rows, _ in places:
-        covered[rows] = True
-    assert not covered.all() and float(gap[~covered].abs().max()) == 0  # head, question, template
-    assert float(gap[places[1][0]].min()) > 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 SELECTORS = ("deviation", "lexical", "lexical+question", "query", "query+deviation", "question", "question+deviation",
-             "draft", "random", "chunk_start", "none", "all")
+             "draft", "draft+gap", "random", "chunk_start", "none", "all")
 QUESTION_LAYERS = ("all", "last_third", "last")
 QUESTION_HEADS = ("mean", "max")
 MEASURES = ("k", "v", "kv")
@@ -52,7 +52,8 @@ class BlendConfig:
             attention the question's rows pay it, then the top share is recomputed from layer 0;
             only the last ratio counts: ``QuestionSelector``, docs/QUESTION-SELECTOR.md);
             ``question+deviation`` (that score and KV deviation by rank, at the check layers); ``draft``
-            (``question``'s, scored by the rows of an answer drafted from full reuse: ``DraftSelector``).
+            (``question``'s, scored by the rows of an answer drafted from full reuse: ``DraftSelector``),
+            ``draft+gap`` (that score times each row's gap between its chunk's two records: ``gap.py``).
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
@@ -83,13 +84,11 @@ class BlendConfig:
         question_layers: which layers' question attention ``question`` and ``draft`` fuse: ``all``,
             ``last_third`` (the last ceil(L/3) layers) or ``last`` (the last layer alone).
         draft_tokens: how many greedy tokens the ``draft`` selector drafts and scores (1-64).
-        question_heads: how it fuses the heads of a layer: ``mean`` or ``max`` of the attention mass
-            each head's question rows pay a token.
+        question_heads: ``mean`` or ``max`` over a layer's heads of the mass each head's question rows pay a token.
         question_per_chunk: divide each token's fused score by its chunk's total, so every chunk
             holds the same score mass (the budget then goes where attention is peaked within a
             chunk rather than to the chunks the question reads most).
-        question_weight: weight of the question rank against the deviation rank in
-            ``question+deviation``.
+        question_weight: weight of the question rank against the deviation rank in ``question+deviation``.
         lexical_share: the share of the budget the ``lexical`` selector gives the chunks the
             question names (whole, best first); the rest goes by deviation over every chunk.
         auto_budget: the adaptive recompute budget (``with_ratio("auto")``, ``recompute_ratio="auto"``
@@ -108,8 +107,7 @@ class BlendConfig:
             ``doubt_margin``, the prompt is prefilled again at ``doubt_ratio`` (once per request)
             and decoding goes on from that cache, the tokens already generated fed after it
             (docs/DOUBT-GATE.md; ``BlendStats.doubt_step`` and ``redone_tokens`` report a redo).
-        doubt_ratio: the recompute ratio of the doubt gate's second prefill (1.0: a full prefill);
-            a prefill already at or above it has no gate.
+        doubt_ratio: the ratio of the doubt gate's second prefill (1.0: a full prefill; none at or above it).
         lead_after_named: with lead records and ``selector="lexical"``, how far the chunks after the
             one the question names move from their neighbour-warmed records toward their lead records:
             0 (False) not at all, 1 (True) all the way, 0.5 halfway (docs/LEXICAL-SELECTOR.md).
@@ -200,8 +198,10 @@ class BlendConfig:
             raise ValueError(f"auto_threshold must be a number, got {t!r}")
         if self.auto_budget and len(self.check_layers) != 1:
             raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
-        if self.auto_budget and self.selector in ("question", "draft"):
+        if self.auto_budget and self.selector in ("question", "draft", "draft+gap"):
             raise ValueError(f"the auto budget reads its signal at a check layer; selector {self.selector!r} has none")
+        if self.selector == "draft+gap" and not (self.neighbours and self.lead_alone):
+            raise ValueError("selector 'draft+gap' compares a chunk's two records: it needs neighbours > 0, lead_alone")
         w, gated = self.lead_after_named, self.lead_after_margin > 0
         lexical = self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
         if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical) or (gated and not w):

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .blending.blend import blend_prefill
+from .blending.gap import record_gap
 from .blending.head import HeadCache
 from .blending.lexical import named_before_blend
 from .blending.selection import Selector
@@ -77,8 +78,13 @@ class Prefiller:
         # stayed would be read in its place and still count: the selector then skips a chunk it could help)
         first_alone = cfg.neighbours == 0 or cfg.lead_alone
         asm = assemble(request.text, request.encoding, chunks, records, self.adapter.device, first_alone)
-        asm.load_s += lookup_s  # reading the records, then gathering them (assemble's part)
         selector = self.selector if self.selector is not None else make_selector(cfg)
+        if getattr(selector, "needs_gap", False) and asm.places:  # both records of every chunk read
+            t = time.perf_counter()
+            leads = self.records([c.ids for c in chunks], lead_from=0)  # each chunk's lead record
+            asm.input.gap = record_gap(asm.places, records, leads, len(asm.input.ids))
+            lookup_s += time.perf_counter() - t
+        asm.load_s += lookup_s  # reading the records, then gathering them (assemble's part)
         t = time.perf_counter()
         limit = 0 if full else request.head_tokens
         asm.input, read = self.heads.with_head(self.adapter, asm.input, limit)  # computed the first time

@@ -49,12 +49,18 @@ LOOKAHEAD = 7  # guesses a drafting pass verifies at most (``prompt_lookup``'s);
 
 class DraftScore(QuestionScore):
     """``QuestionScore`` over the prompt's N keys, whose asking rows include draft rows past N;
-    ``draft``: the drafted token ids."""
+    ``draft``: the drafted token ids; ``weight``: [N], what the score is multiplied by (the rows'
+    gap, ``gap.py``: ``DraftSelector(gap=True)``), or None."""
 
     def __init__(self, model: ModelAdapter, asking: torch.Tensor, fusion: Fusion, keys: int) -> None:
         super().__init__(model, asking, fusion, keys)
         self.draft: list[int] = []
         self.passes = 0  # the drafting passes (``draft_stage``)
+        self.weight: torch.Tensor | None = None
+
+    def score(self, reused: torch.Tensor, chunk_offsets: torch.Tensor) -> torch.Tensor:
+        score = super().score(reused, chunk_offsets)
+        return score if self.weight is None else score * self.weight.to(score.device)
 
 
 Propose = Callable[[list[int], int], list[int]]  # (the draft so far, at most how many) -> guessed next tokens
@@ -164,11 +170,18 @@ def _rows(model: ModelAdapter, caches: list[torch.Tensor], tokens: list[int], po
 @dataclass(frozen=True)
 class DraftSelector(QuestionSelector):
     """The question selector whose stage 1 is ``draft_stage``: the top of the score the ``tokens``
-    draft rows (and with ``question`` the question's rows) pay, recomputed from layer 0."""
+    draft rows (and with ``question`` the question's rows) pay, recomputed from layer 0; with
+    ``gap`` (``selector="draft+gap"``), that score times each row's gap between its chunk's two
+    records (``gap.py``; the score alone where the prompt has no gap, ``BlendInput.gap``)."""
 
     tokens: int = 8
     question: bool = False
     lookahead: int = LOOKAHEAD
+    gap: bool = False
+
+    @property
+    def needs_gap(self) -> bool:
+        return self.gap
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -177,4 +190,6 @@ class DraftSelector(QuestionSelector):
             raise ValueError(f"draft lookahead must be an integer >= 0, got {self.lookahead!r}")
 
     def first_stage(self, model: ModelAdapter, inp: BlendInput) -> tuple[BlendOutput, DraftScore]:
-        return draft_stage(model, inp, self.fusion, self.tokens, self.question, self.lookahead)
+        first, asked = draft_stage(model, inp, self.fusion, self.tokens, self.question, self.lookahead)
+        asked.weight = inp.gap if self.gap else None
+        return first, asked

@@ -37,6 +37,8 @@ class BlendInput:
         precedes them: ``blending.head.HeadCache``). Those rows are uncached and not reused; the blend
         reads their K/V from here and never computes them past its first check layer. None: no head.
     restart: rows recomputed from a later layer on (``Restart``); None: every recomputed row starts at layer 0.
+    gap: [N] fp32, each row's gap between its chunk's two records (``gap.record_gap``), for a selector
+        that weighs by it (``draft+gap``); None otherwise.
     """
 
     ids: torch.Tensor
@@ -46,6 +48,7 @@ class BlendInput:
     first_alone: bool = False
     head_kv: torch.Tensor | None = None
     restart: Restart | None = None
+    gap: torch.Tensor | None = None
 
     @property
     def head(self) -> int:

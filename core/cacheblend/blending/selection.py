@@ -161,6 +161,10 @@ class SinkSelector:
         return getattr(self.inner, "fusion", None)
 
     @property
+    def needs_gap(self) -> bool:  # both records read (``DraftSelector(gap=True)``)
+        return getattr(self.inner, "needs_gap", False)
+
+    @property
     def first_stage(self):  # a drafted stage 1 (``DraftSelector``) or None: the blend's own
         return getattr(self.inner, "first_stage", None)
 

@@ -36,6 +36,8 @@ def make_selector(config: BlendConfig) -> Selector:
         "question": lambda: QuestionSelector(config.question_layers, config.question_heads, config.question_per_chunk),
         "draft": lambda: DraftSelector(config.question_layers, config.question_heads, config.question_per_chunk,
                                        tokens=config.draft_tokens),
+        "draft+gap": lambda: DraftSelector(config.question_layers, config.question_heads, config.question_per_chunk,
+                                           tokens=config.draft_tokens, gap=True),
         "question+deviation": lambda: QuestionDeviationSelector(
             config.question_weight, config.measure, config.question_layers, config.question_heads, config.question_per_chunk
         ),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,13 +26,16 @@ from .tokenize import Encoding
 
 @dataclass
 class Assembled:
-    """The blend input plus what the lookup found: chunk hits/misses, tokens covered, load time."""
+    """The blend input plus what the lookup found: chunk hits/misses, tokens covered, load time, and
+    ``places``: per chunk read, in prompt order, (its index among the chunks, its prompt rows, the
+    chunk rows they read)."""
 
     input: BlendInput
     hits: int
     misses: int
     hit_tokens: int
     load_s: float
+    places: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
 
     def stats(self, recomputed: int, ratio: float) -> BlendStats:
         """The prefill's statistics once ``recomputed`` tokens went through the last layer."""
@@ -94,6 +97,7 @@ def assemble(
         raise ValueError(f"{len(records)} records for {len(chunks)} chunk encodings of {len(prompt.chunks)} spans")
     spans = list(prompt.chunks) if chunks else []
     found: list[tuple[ChunkRecord, list[int], list[int]]] = []
+    places = []
     hits = misses = 0
     first_read = False
     for i, (span, chunk, record) in enumerate(zip(spans, chunks, records)):
@@ -102,6 +106,7 @@ def assemble(
             rows, chunk_rows = aligned_rows(encoding, span, chunk)
             if rows:
                 found.append((record, rows, chunk_rows))
+                places.append((i, rows, chunk_rows))
                 first_read = first_read or i == 0
     t = time.perf_counter()
     reused = torch.zeros(n, dtype=torch.bool)
@@ -118,7 +123,7 @@ def assemble(
         chunk_offsets=offsets.to(device),
         first_alone=first_alone and first_read,
     )
-    return Assembled(blend_input, hits, misses, int(reused.sum()), load_s)
+    return Assembled(blend_input, hits, misses, int(reused.sum()), load_s, places)
 
 
 def _gather(found: list[tuple[ChunkRecord, list[int], list[int]]], n: int, device: torch.device) -> torch.Tensor:
