@@ -64,30 +64,31 @@ class GapState:
         return self.gap.to(cand.positions.device)[cand.positions.long()]
 
 
+class ReadsGap:
+    """What select_eval's ``prepare`` hook calls per prompt: the prompt's gap into ``self.state``."""
+
+    def prepare(self, engine, request) -> None:
+        self.state.gap = record_gap(engine, request)
+
+
 @dataclass(frozen=True)
-class GapSelector:
+class GapSelector(ReadsGap):
     """The reused rows of largest gap."""
 
     state: GapState = field(default_factory=GapState, compare=False)
     needs_query = False
-
-    def prepare(self, engine, request) -> None:
-        self.state.gap = record_gap(engine, request)
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         return _top(self.state.of(cand), budget)
 
 
 @dataclass(frozen=True)
-class DraftRankGapSelector(DraftSelector):
+class DraftRankGapSelector(ReadsGap, DraftSelector):
     """The draft's score and the gap by weighted rank: ``weight`` x the draft's rank plus (1 - ``weight``)
     x the gap's (the product's ``draft+gap`` multiplies them instead)."""
 
     weight: float = 0.5
     state: GapState = field(default_factory=GapState, compare=False)
-
-    def prepare(self, engine, request) -> None:
-        self.state.gap = record_gap(engine, request)
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         draft, gap = cand.question_score.float(), self.state.of(cand)
@@ -95,14 +96,11 @@ class DraftRankGapSelector(DraftSelector):
 
 
 @dataclass(frozen=True)
-class LexicalGapSelector(LexicalSelector):
+class LexicalGapSelector(ReadsGap, LexicalSelector):
     """The named chunk whole, the rest of the budget by the gap (``LexicalSelector`` with the gap in
     deviation's place)."""
 
     state: GapState = field(default_factory=GapState, compare=False)
-
-    def prepare(self, engine, request) -> None:
-        self.state.gap = record_gap(engine, request)
 
     def __call__(self, cand: Candidates, budget: int) -> torch.Tensor:
         budget = min(budget, cand.positions.numel())
