@@ -20,9 +20,9 @@ files; development data only):
 - ``"nb1 gap"``: the default's records, 15% of the reused rows by the gap, in the one-pass blend
   at check layer 0 (the selector reads no fresh K/V, so no prelude is needed; the layer-0 K/V
   projections of every row are still computed there).
-- ``"nb1 draft-only 8 last3 gap x"``: SmolLM2's default (the draft) with its score multiplied by the
-  gap: rows the answer reads *and* whose records disagree. Since stop 60 it is the product's
-  ``BlendConfig(selector="draft+gap")``; the development runs before it (``docs/runs/gap_*``) ran
+- ``"nb1 draft-only 8 last3 gap x"``: the draft (SmolLM2's default before stop 61) with its score
+  multiplied by the gap: rows the answer reads *and* whose records disagree. Since stop 60 it is the
+  product's ``BlendConfig(selector="draft+gap")``, SmolLM2's default since stop 61; the development runs before it (``docs/runs/gap_*``) ran
   this script's own product of the two, which it reproduces (docs/RECORD-GAP.md). ``"... gap W"``:
   W x the draft's rank plus (1 - W) x the gap's rank.
 - ``"nb1 lexical gap"``: the named chunk whole, the rest of 15% by the gap instead of deviation

@@ -53,7 +53,8 @@ class BlendConfig:
             only the last ratio counts: ``QuestionSelector``, docs/QUESTION-SELECTOR.md);
             ``question+deviation`` (that score and KV deviation by rank, at the check layers); ``draft``
             (``question``'s, scored by the rows of an answer drafted from full reuse: ``DraftSelector``),
-            ``draft+gap`` (that score times each row's gap between its chunk's two records: ``gap.py``).
+            ``draft+gap`` (that score times each row's gap between its chunk's two records: ``gap.py``;
+            the draft's alone where a chunk has one record: ``neighbours=0`` or ``lead_alone=False``).
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
@@ -200,8 +201,6 @@ class BlendConfig:
             raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
         if self.auto_budget and self.selector in ("question", "draft", "draft+gap"):
             raise ValueError(f"the auto budget reads its signal at a check layer; selector {self.selector!r} has none")
-        if self.selector == "draft+gap" and not (self.neighbours and self.lead_alone):
-            raise ValueError("selector 'draft+gap' compares a chunk's two records: it needs neighbours > 0, lead_alone")
         w, gated = self.lead_after_named, self.lead_after_margin > 0
         lexical = self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
         if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical) or (gated and not w):

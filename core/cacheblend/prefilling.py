@@ -79,7 +79,8 @@ class Prefiller:
         first_alone = cfg.neighbours == 0 or cfg.lead_alone
         asm = assemble(request.text, request.encoding, chunks, records, self.adapter.device, first_alone)
         selector = self.selector if self.selector is not None else make_selector(cfg)
-        if getattr(selector, "needs_gap", False) and asm.places:  # both records of every chunk read
+        two = cfg.neighbours > 0 and cfg.lead_alone  # each chunk stored twice; else the draft scores alone
+        if getattr(selector, "needs_gap", False) and asm.places and two:  # both records of every chunk read
             t = time.perf_counter()
             leads = self.records([c.ids for c in chunks], lead_from=0)  # each chunk's lead record
             asm.input.gap = record_gap(asm.places, records, leads, len(asm.input.ids))

@@ -4,8 +4,8 @@ Checked: the gap is each row's V distance between the record it reads and its le
 here from the stored records, each layer scaled by its mean squared V norm (1e-5); 0 on the first
 chunk (it reads its lead record) and on rows no record covers; None when a later chunk has no lead
 record of its own. Through the engine, ``draft+gap`` recomputes the always-kept rows plus the top of
-the draft's score times the gap; where the gap is None it is the draft's blend, bit for bit. A
-config without the two records is refused.
+the draft's score times the gap; where the gap is None, or a config stores each chunk once, it is
+the draft's blend, bit for bit.
 """
 
 from dataclasses import replace
@@ -107,10 +107,29 @@ def test_without_a_lead_record_draft_gap_is_the_draft(make_engine):
     assert torch.equal(gapped.output.logits, draft.output.logits)
 
 
-def test_draft_gap_needs_two_records_and_sinks_forward_it():
-    for bad in (dict(neighbours=0), dict(neighbours=1, lead_alone=False)):
-        with pytest.raises(ValueError, match="selector 'draft\\+gap' compares a chunk's two records"):
-            BlendConfig(selector="draft+gap", **bad)
+@pytest.mark.parametrize("one", [dict(neighbours=0), dict(lead_alone=False)], ids=["alone", "no-lead"])
+def test_with_one_record_per_chunk_draft_gap_is_the_draft(make_engine, one):
+    """An engine storing each chunk once (warmed alone, or behind a neighbour without a lead record)
+    has no gap to read: ``draft+gap`` asks for no second record and blends as the draft, bit for bit
+    (so SmolLM2's catalogue default keeps working with ``neighbours=0``)."""
+    engine = make_engine("llama", **(GAP | one))
+    engine.warm(CHUNKS)
+    asked = []
+
+    def records(chunks, lead_from=None, lead_weight=1.0):
+        asked.append(lead_from)
+        return engine.kv.records(chunks, lead_from, lead_weight)
+
+    req = engine.request(chunks=[CHUNKS[i] for i in (1, 2, 0)], query=QUESTION)
+    config = engine.config.with_ratio(0.3)
+    gapped = Prefiller(engine.adapter, engine.kv.encode, records, config).run(req)
+    assert asked == [None]  # the records the prompt reads, and no lead records beside them
+    draft = Prefiller(engine.adapter, engine.kv.encode, records, replace(config, selector="draft")).run(req)
+    assert torch.equal(gapped.output.active_rows[-1], draft.output.active_rows[-1])
+    assert torch.equal(gapped.output.logits, draft.output.logits)
+
+
+def test_draft_gap_refuses_the_auto_budget_and_sinks_forward_it():
     with pytest.raises(ValueError, match="selector 'draft\\+gap' has none"):
         BlendConfig(selector="draft+gap", auto_budget=True)
     wrapped = make_selector(BlendConfig(selector="draft+gap", sinks=2))

@@ -44,7 +44,8 @@ def test_every_pin_is_exact_and_the_qwen_parts_add_up_to_its_gguf():
 def test_qwen_and_smollm2_start_from_their_own_choice_and_every_other_model_from_the_default():
     """A catalogue alias's config is the package default with the fields its reporting splits chose
     (Qwen's: the chunk the question names, recomputed whole, else what the question attends to;
-    SmolLM2's: what an answer drafted from full reuse attends to); explicit fields win, and a
+    SmolLM2's: what an answer drafted from full reuse attends to, times each row's gap between its
+    chunk's two records); explicit fields win, and a
     model the catalogue does not name gets the package default."""
     from cacheblend import BlendConfig
 
@@ -55,9 +56,10 @@ def test_qwen_and_smollm2_start_from_their_own_choice_and_every_other_model_from
     assert BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0).neighbours == 0
     assert BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="deviation", auto_budget=False).selector == "deviation"
     smol = BlendConfig.for_model("smollm2-135m-instruct")
-    assert (smol.selector, smol.question_layers, smol.draft_tokens, smol.recompute_ratio) == ("draft", "last_third", 8, 0.15)
+    assert (smol.selector, smol.question_layers, smol.draft_tokens, smol.recompute_ratio) == ("draft+gap", "last_third", 8, 0.15)
     assert smol.kv_differences(BlendConfig()) == {} and not smol.auto_budget
     assert BlendConfig.for_model("smollm2-135m-instruct", selector="deviation").selector == "deviation"
+    assert BlendConfig.for_model("smollm2-135m-instruct", neighbours=0).neighbours == 0  # the draft's score alone then
     for other in ("gemma3-270m", "org/any-hf-model", "/a/local/folder"):
         assert BlendConfig.for_model(other) == BlendConfig(), other
     assert BlendConfig.for_model("gemma3-270m", ratios=(0.3,)).ratios == (0.3,)

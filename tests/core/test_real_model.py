@@ -175,7 +175,7 @@ def test_blend_computes_only_the_selected_rows_past_the_check_layer(fresh_real_e
 def test_the_thread_count_changes_no_result(fresh_real_engine, pydoc_chunks):
     """`make test` runs each xdist worker on 1 or 2 torch threads depending on whether the other
     worker still runs (tests/conftest.py), so no result may depend on the count: records warmed, the
-    default blend (the draft), deviation and a full prefill are bit-identical on 1 and 2 threads."""
+    default blend (draft+gap), deviation and a full prefill are bit-identical on 1 and 2 threads."""
     from cacheblend import BlendConfig
     from cacheblend.models import catalog
 
@@ -271,7 +271,8 @@ def test_draft_selection_is_closer_to_full_prefill_than_full_reuse_of_the_same_r
 
 def test_draft_gap_selection_is_closer_to_full_prefill_than_full_reuse_and_keeps_the_drafts_answers(fact_lookups):
     """On the 24 fictional-fact lookups, with the default warming, the draft's score times each row's
-    gap between its chunk's two records (``selector="draft+gap"``: blending/gap.py) is closer to full
+    gap between its chunk's two records (``selector="draft+gap"``: blending/gap.py; SmolLM2's
+    catalogue default since stop 61) is closer to full
     prefill than full reuse of the same records, in KL and in answers kept, and keeps at least the
     draft's answers.
 

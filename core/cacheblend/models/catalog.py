@@ -81,13 +81,15 @@ _NAMED_CHUNK = (("selector", "lexical+question"), ("question_layers", "last_thir
                 ("auto_signal", "named_share"), ("auto_min_ratio", 0.08), ("auto_max_ratio", 0.3))
 
 # Recompute the 15% that an answer drafted from full reuse (8 tokens) attends to over the last third
-# of the layers: on SmolLM2's MuSiQue reporting prompts 50-149 answer F1 0.831 against deviation's
-# 0.815 and mean KL 0.0260 against 0.0350 (0.47x of full reuse of the same records), on its
-# reporting facts the same 14 of 18 answers at 0.84x deviation's KL. It is slower: 3.54x full
-# prefill's speed on MuSiQue against deviation's 4.73x (its 8 drafting steps read every weight each),
-# so ``selector="deviation"`` is the faster choice. The rule it passed, set before the runs (quality
-# only), and the run files: docs/DRAFT-SCORE.md.
-_DRAFT = (("selector", "draft"), ("question_layers", "last_third"))
+# of the layers, each reused row weighted by how far its chunk's two records (behind a neighbour,
+# alone) disagree on its V (``draft+gap``): on SmolLM2's MuSiQue reporting prompts 50-149 answer F1
+# 0.839 against the draft's 0.831 and deviation's 0.815, mean KL 0.0261 (0.47x of full reuse of the
+# same records; the draft 0.0260), on its reporting facts 15 of 18 answers against 14 at 0.76x the
+# draft's KL. Both are slower than deviation: 3.54x full prefill's speed on MuSiQue for the draft
+# against deviation's 4.73x (its 8 drafting steps read every weight each; the gap adds 1.5%), so
+# ``selector="deviation"`` is the faster choice. The rules they passed, set before the runs (quality
+# only), and the run files: docs/DRAFT-SCORE.md, docs/RECORD-GAP.md.
+_DRAFT = (("selector", "draft+gap"), ("question_layers", "last_third"))
 
 MODELS: dict[str, CatalogModel] = {m.alias: m for m in (
     CatalogModel(
