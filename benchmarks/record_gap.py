@@ -22,8 +22,9 @@ files; development data only):
   projections of every row are still computed there).
 - ``"nb1 draft-only 8 last3 gap x"``: the draft (SmolLM2's default before stop 61) with its score
   multiplied by the gap: rows the answer reads *and* whose records disagree. Since stop 60 it is the
-  product's ``BlendConfig(selector="draft+gap")``, SmolLM2's default since stop 61; the development runs before it (``docs/runs/gap_*``) ran
-  this script's own product of the two, which it reproduces (docs/RECORD-GAP.md). ``"... gap W"``:
+  product's ``BlendConfig(selector="draft+gap")``, SmolLM2's default since stop 61; the development
+  runs before it (``docs/runs/gap_*``) ran this script's own product of the two, which it
+  reproduces (docs/RECORD-GAP.md). ``"... gap W"``:
   W x the draft's rank plus (1 - W) x the gap's rank.
 - ``"nb1 lexical gap"``: the named chunk whole, the rest of 15% by the gap instead of deviation
   (``"nb1 lexical"``'s control).

@@ -45,8 +45,8 @@ def test_qwen_and_smollm2_start_from_their_own_choice_and_every_other_model_from
     """A catalogue alias's config is the package default with the fields its reporting splits chose
     (Qwen's: the chunk the question names, recomputed whole, else what the question attends to;
     SmolLM2's: what an answer drafted from full reuse attends to, times each row's gap between its
-    chunk's two records); explicit fields win, and a
-    model the catalogue does not name gets the package default."""
+    chunk's two records); explicit fields win, and a model the catalogue does not name gets the
+    package default."""
     from cacheblend import BlendConfig
 
     qwen = BlendConfig.for_model("qwen2.5-0.5b-instruct")

@@ -272,9 +272,8 @@ def test_draft_selection_is_closer_to_full_prefill_than_full_reuse_of_the_same_r
 def test_draft_gap_selection_is_closer_to_full_prefill_than_full_reuse_and_keeps_the_drafts_answers(fact_lookups):
     """On the 24 fictional-fact lookups, with the default warming, the draft's score times each row's
     gap between its chunk's two records (``selector="draft+gap"``: blending/gap.py; SmolLM2's
-    catalogue default since stop 61) is closer to full
-    prefill than full reuse of the same records, in KL and in answers kept, and keeps at least the
-    draft's answers.
+    catalogue default since stop 61) is closer to full prefill than full reuse of the same records,
+    in KL and in answers kept, and keeps at least the draft's answers.
 
     Measured (fresh engine, pool = the 24 passages; at ec6bc5e): full prefill right 16; kept draft+gap
     11, draft 10, full reuse 8; mean KL 0.0387 / 0.0367 / 0.0540 (draft+gap 0.72x of full reuse and

