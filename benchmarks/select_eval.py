@@ -518,7 +518,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", dest="run_file", default=None,
                     help="the same as --run-file: the per-method means with the run's metadata (benchmarks/frontier.py plots them)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                    help="run nothing: print one table from --json files of runs over disjoint questions (and write it to --json)")
+                    help="run nothing: print one table from --json files of runs over disjoint questions of one "
+                         "dataset, of one split or both (and write it to --json)")
     args = ap.parse_args(argv)
     if args.quick:
         args.dataset, args.split, args.count, args.start = "facts", "dev", 1, 0
@@ -526,15 +527,17 @@ def main(argv: list[str] | None = None) -> None:
     record = RunRecord.start(args)
     if args.merge:
         runs = [json.loads(Path(p).read_text()) for p in args.merge]
-        if len({(r["meta"]["dataset"], r["meta"]["split"]) for r in runs}) != 1:
-            raise SystemExit("the runs to merge must be of one dataset and split")
+        if len({r["meta"]["dataset"] for r in runs}) != 1:
+            raise SystemExit("the runs to merge must be of one dataset")
+        splits = "+".join(sorted({r["meta"]["split"] for r in runs}))  # MuSiQue's "dev+report": all 150
         models = {r.get("run", {}).get("model", DEFAULT_MODEL) for r in runs}  # runs before run files: the bundled model
         if len(models) != 1:
             raise SystemExit(f"the runs to merge must be of one model, not {sorted(models)}")
         record.model = models.pop()
         merged, count = merge([(r["meta"]["count"], r["methods"]) for r in runs]), sum(r["meta"]["count"] for r in runs)
         print(table(merged, count))
-        meta = dict(runs[0]["meta"], start=min(r["meta"].get("start", 0) for r in runs), count=count, merged=args.merge)
+        meta = dict(runs[0]["meta"], split=splits, start=min(r["meta"].get("start", 0) for r in runs), count=count,
+                    merged=args.merge)
         record.write(args.run_file, {"meta": meta, "methods": merged})
         return
     torch.manual_seed(0)

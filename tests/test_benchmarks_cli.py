@@ -632,6 +632,38 @@ def test_frontier_panel_merges_runs_over_the_same_questions_and_refuses_others(t
     assert named[1] == 0.3 and family("nb1 lexical named max15") == (named[0], 0.15)
 
 
+def test_select_eval_merges_runs_of_one_dataset_over_both_splits_and_refuses_another_dataset(tmp_path):
+    """``select_eval.py --merge``: the methods every run holds, means weighted by question counts;
+    MuSiQue's development and reporting runs merge into one of all 150 (split ``dev+report``); runs
+    of another dataset are refused."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import select_eval
+    finally:
+        sys.path.remove(str(BENCH))
+
+    def run(name, split, count, methods, dataset="musique_s"):
+        path = tmp_path / name
+        path.write_text(json.dumps({"run": {"model": "smollm2-135m-instruct"}, "methods": methods,
+                                    "meta": {"dataset": dataset, "split": split, "start": 0, "count": count}}))
+        return str(path)
+
+    def method(f1, kl):
+        return {"right": 0.0, "agree": 0.5, "f1": f1, "top1": 0.9, "kl": kl, "share": 0.15, "time": 0.3, "kept": None}
+
+    one = method(1.0, 0.0)
+    dev = run("dev.json", "dev", 50, {"full prefill": one, "a": method(0.7, 0.04), "b": one})
+    rep = run("rep.json", "report", 100, {"full prefill": one, "a": method(0.85, 0.01)})
+    out = tmp_path / "all.json"
+    select_eval.main(["--merge", dev, rep, "--run-file", str(out)])
+    data = json.loads(out.read_text())
+    assert (data["meta"]["split"], data["meta"]["count"], data["meta"]["merged"]) == ("dev+report", 150, [dev, rep])
+    assert list(data["methods"]) == ["full prefill", "a"]
+    assert data["methods"]["a"]["f1"] == pytest.approx(0.8) and data["methods"]["a"]["kl"] == pytest.approx(0.02)
+    with pytest.raises(SystemExit, match="one dataset"):
+        select_eval.main(["--merge", dev, run("facts.json", "report", 60, {"full prefill": one}, "facts")])
+
+
 def test_chunk_oracle_recomputes_one_passage_and_picks_the_closest():
     """``ChunkWhole(C)`` picks every token of chunk C and nothing else, whatever the budget (none past
     the last chunk); ``best_chunks`` picks per question the chunk method with the highest F1 against
