@@ -24,7 +24,8 @@ files; development data only):
   multiplied by the gap: rows the answer reads *and* whose records disagree. Since stop 60 it is the
   product's ``BlendConfig(selector="draft+gap")``, SmolLM2's default since stop 61; the development
   runs before it (``docs/runs/gap_*``) ran this script's own product of the two, which it
-  reproduces (docs/RECORD-GAP.md). ``"... gap W"``:
+  reproduces (docs/RECORD-GAP.md). ``"nb1 draft-only T last3 gap x"`` (T in 12, 16, 24): the same
+  with a draft of T tokens (``draft_tokens=T``). ``"... gap W"``:
   W x the draft's rank plus (1 - W) x the gap's rank.
 - ``"nb1 lexical gap"``: the named chunk whole, the rest of 15% by the gap instead of deviation
   (``"nb1 lexical"``'s control).
@@ -120,7 +121,9 @@ def register() -> None:
     select_eval.METHODS["nb1 gap"] = (one_pass, GapSelector())
     select_eval.METHODS["nb1 lexical gap"] = (BlendConfig(selector="lexical", neighbours=1), LexicalGapSelector())
     drafting = select_eval.METHODS["nb1 draft-only 8 last3"][0]
-    select_eval.METHODS["nb1 draft-only 8 last3 gap x"] = (replace(drafting, selector="draft+gap"), None)
+    for tokens in (8, 12, 16, 24):
+        select_eval.METHODS[f"nb1 draft-only {tokens} last3 gap x"] = (
+            replace(drafting, selector="draft+gap", draft_tokens=tokens), None)
     for w in (0.25, 0.5, 0.75):
         select_eval.METHODS[f"nb1 draft-only 8 last3 gap {w}"] = (drafting, DraftRankGapSelector("last_third", tokens=8,
                                                                                                 weight=w))
