@@ -60,6 +60,8 @@ def test_the_draft_is_full_reuses_greedy_answer_and_its_score_one_pass_over_prom
         out, asked = draft_stage(model, inp, fusion, 4, question)
     assert asked.draft == greedy_over(engine, plain, n, 4)
     assert all(torch.equal(a, b) for pa, pb in zip(out.kv, plain.kv) for a, b in zip(pa, pb))  # stage 2's base
+    # the draft's rows went into the room after the prompt's rows, which were not copied for it
+    assert all(k.data_ptr() == g[0].data_ptr() and g.shape[2] == n + 4 for (k, _), g in zip(out.kv, out.grown))
     assert torch.equal(out.logits, plain.logits)
 
     ext = extended(inp, asked.draft)  # the slow way: every uncached row of prompt + draft in one pass

@@ -104,6 +104,8 @@ def test_realign_is_the_cast_then_apply_rope_bit_for_bit(store):
     assert out.dtype == torch.float32 and out.data_ptr() != cached.data_ptr()
     assert torch.equal(out[0], apply_rope(cached[0].float(), cos, sin))
     assert torch.equal(out[1], cached[1].float())
+    roomy = realign(cached, cos, sin, torch.float32, room=5)  # room for rows after the prompt's (a draft's)
+    assert roomy.shape == (2, 3, 42, 16) and torch.equal(roomy[:, :, :37], out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -58,7 +58,8 @@ class BlendOutput:
     keys it scored at each of question_layers (the layers the selector fuses), drafted of them a
     drafted answer's, each also its own LM head (``draft.py``). With an auto budget
     (``AutoRatio`` in the schedule, ``budget.py``): ratio, the one it chose, and budget_signal, the
-    signal it read (None otherwise)."""
+    signal it read (None otherwise). A pass with ``room`` (``reuse_pass``): grown, per layer the
+    cache [2,Hkv,N+room,d] whose first N rows kv's K and V view ([] otherwise)."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     logits: torch.Tensor
@@ -71,6 +72,7 @@ class BlendOutput:
     drafted: int = 0
     ratio: float | None = None
     budget_signal: float | None = None
+    grown: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def active_per_layer(self) -> list[int]:
@@ -109,12 +111,13 @@ def blend_prefill(model: ModelAdapter, inp: BlendInput, selector: Selector, sche
 def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float], fresh_check=False,
            observe: QuestionScore | None = None, base: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
            question_score: torch.Tensor | None = None, restart: Restart | None = None,
-           spread: float = 0.0) -> BlendOutput:
+           spread: float = 0.0, room: int = 0) -> BlendOutput:
     """The one-pass blend, with what the two-stage blend adds: ``observe`` (layer, q [1,H,n,d]
     rotated, keys [1,Hkv,N,d], the n rows' positions) at every layer; ``base``, per layer the K and
     V [Hkv,N,d] of an earlier pass to start the cache from (written in place) instead of realigning
     the cached K/V; ``question_score`` [N], handed to the selector in ``Candidates``. ``restart``:
-    rows that join the active ones at its layer (``_join``)."""
+    rows that join the active ones at its layer (``_join``). ``room``: each new cache has room for
+    that many rows after the prompt's (``BlendOutput.grown``)."""
     n = inp.ids.shape[0]
     pos = torch.arange(n, device=inp.ids.device)  # [N]
     tables = RopeTables.at(model, pos)  # per rotary geometry: cos, sin [N, d]
@@ -131,7 +134,7 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
     spreading = DeviationSpread.of(inp.reused, inp.chunk_offsets, spread) if inp.cached is not None else None
     h = model.embed(inp.ids[None])  # [1, n, hidden]
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-    active_rows, auto = [], {}  # auto: what an auto budget chose (budget.resolve)
+    active_rows, auto, grown = [], {}, []  # auto: what an auto budget chose (budget.resolve)
     for layer in range(model.num_layers):
         if restart is not None and layer == restart.layer:
             rows, h = _join(rows, h, restart, tables)
@@ -143,10 +146,13 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
         else:
             if base is None:
                 if feed is None:  # nothing reused, only a head: its rows, the rest computed
-                    cached, layer_kv = None, k.new_zeros((2, k.shape[1], n, k.shape[3]))
+                    cached, buffer = None, k.new_zeros((2, k.shape[1], n + room, k.shape[3]))
                 else:
                     cached = feed.layer(layer)  # [2,Hkv,N,d] store dtype, keys before RoPE; read-only
-                    layer_kv = realign(cached, cos, sin, k.dtype)  # [2,Hkv,N,d]: this layer's decode cache
+                    buffer = realign(cached, cos, sin, k.dtype, room)  # [2,Hkv,N+room,d]
+                layer_kv = buffer[:, :, :n]  # [2,Hkv,N,d]: this layer's decode cache
+                if room:
+                    grown.append(buffer)
                 if inp.head_kv is not None:  # the head's exact K/V
                     layer_kv[:, :, : inp.head] = inp.head_kv[layer]
             else:  # an earlier pass's cache: the cached K/V realigned, that pass's rows written
@@ -172,7 +178,8 @@ def _blend(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: d
         kv.append((keys, values))
         active_rows.append(rows.active)
     logits = model.logits(h[0, -1])  # active[-1] == N-1, kept always
-    return BlendOutput(kv=kv, logits=logits, recomputed=active_rows[-1].shape[0], active_rows=active_rows, **auto)
+    return BlendOutput(kv=kv, logits=logits, recomputed=active_rows[-1].shape[0], active_rows=active_rows,
+                       grown=grown, **auto)
 
 
 def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedule: dict[int, float],
@@ -203,10 +210,11 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     return out
 
 
-def reuse_pass(model: ModelAdapter, inp: BlendInput, observe: QuestionScore | None = None) -> BlendOutput:
+def reuse_pass(model: ModelAdapter, inp: BlendInput, observe: QuestionScore | None = None, room: int = 0) -> BlendOutput:
     """The full-reuse pass (ratio 0.0 from layer 0, no layer-0 prelude: the uncached rows but the
-    head's, and the last row), with ``observe`` called at every layer as ``_blend`` does."""
-    return _blend(model, inp, NoneSelector(), {0: 0.0}, observe=observe)
+    head's, and the last row), with ``observe`` called at every layer as ``_blend`` does; ``room``:
+    rows its caches keep free after the prompt's (``BlendOutput.grown``)."""
+    return _blend(model, inp, NoneSelector(), {0: 0.0}, observe=observe, room=room)
 
 
 def _first_stage(model: ModelAdapter, inp: BlendInput, selector: Selector) -> tuple[BlendOutput, QuestionScore]:

@@ -73,14 +73,18 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
     and to every layer's ``active_rows`` (positions N..N+tokens-1; a rejected guess's position once
     more), and the score, whose ``draft`` holds the tokens and ``passes`` the drafting passes.
     ``guesses``: how many of ``prompt_lookup``'s guesses a pass verifies at most (0: none, a token
-    per pass), or a ``Propose`` of its own, asked for as many as the draft has room for."""
+    per pass), or a ``Propose`` of its own, asked for as many as the draft has room for. The
+    drafting passes write their rows into the room the full-reuse pass left after the prompt's in
+    each layer's cache (``BlendOutput.grown``): the prompt's K/V are not copied for them."""
     check_tokens(tokens)
     n, device = inp.ids.shape[0], inp.ids.device
     asking = Check.of(inp, NoneSelector()).asking if question else inp.reused.new_zeros(n)
     asked = DraftScore(model, torch.cat([asking, asking.new_ones(tokens)]), fusion, keys=n)
-    first = reuse_pass(model, inp, asked if question else None)
+    first = reuse_pass(model, inp, asked if question else None, room=tokens)
     tables = RopeTables.at(model, torch.arange(n + tokens, device=device))
-    caches = [_grown(k[0], v[0], tokens) for k, v in first.kv]  # per layer [2,Hkv,N+T,d]
+    caches = first.grown  # per layer [2,Hkv,N+T,d]: the pass's K/V, then the draft's rows
+    for cache in caches:
+        cache[:, :, n:] = 0
     propose, lookahead = (guesses, tokens) if callable(guesses) else (prompt_lookup(inp.ids), guesses)
     draft, done, computed = [int(first.logits.argmax())], 0, []  # done: the draft's rows kept
     while done < tokens:  # draft[done] is known, its row not computed yet
@@ -132,15 +136,6 @@ def check_tokens(tokens: object) -> None:
     """ValueError unless ``tokens`` is an integer in [1, MAX_DRAFT_TOKENS]."""
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_DRAFT_TOKENS:
         raise ValueError(f"draft tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], got {tokens!r}")
-
-
-def _grown(k: torch.Tensor, v: torch.Tensor, tokens: int) -> torch.Tensor:
-    """K and V [Hkv,N,d] in one new buffer [2,Hkv,N+tokens,d], zeros in the room for the draft's
-    rows (one copy of the pass's K/V)."""
-    out = k.new_empty((2, k.shape[0], k.shape[1] + tokens, k.shape[2]))
-    out[0, :, : k.shape[1]], out[1, :, : k.shape[1]] = k, v
-    out[:, :, k.shape[1]:] = 0
-    return out
 
 
 def _rows(model: ModelAdapter, caches: list[torch.Tensor], tokens: list[int], positions: torch.Tensor,

@@ -48,9 +48,11 @@ def _add_rotated(out: torch.Tensor, x2_sin: torch.Tensor, x1_sin: torch.Tensor) 
     return out
 
 
-def realign(cached: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def realign(cached: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, room: int = 0) -> torch.Tensor:
     """Stored K/V to what attention and decoding use: a new [2, kv_heads, N, head_dim] in ``dtype``,
-    keys rotated to the positions of ``cos``/``sin`` [N, head_dim], values cast.
+    keys rotated to the positions of ``cos``/``sin`` [N, head_dim], values cast. With ``room``, a
+    new [2, kv_heads, N + room, head_dim] whose first N rows are those and the rest unset: rows
+    after the prompt's (a draft's, ``blending/draft.py``) go there without copying the prompt's.
 
     cached: [2, kv_heads, N, head_dim] keys before RoPE and values, in the store's dtype. One
     contiguous cast first, then the keys rotate in place in ``dtype``: products that mix a 16-bit
@@ -58,9 +60,11 @@ def realign(cached: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: t
     itself is a fast contiguous conversion. In fp32 the keys are bit-identical to
     ``apply_rope(cached[0].float(), cos, sin)``.
     """
-    out = torch.empty(cached.shape, dtype=dtype, device=cached.device)  # [2, Hkv, N, d]
-    out.copy_(cached)
-    k = out[0]  # [Hkv, N, d]
+    two, heads, n, d = cached.shape
+    out = torch.empty((two, heads, n + room, d), dtype=dtype, device=cached.device)
+    body = out[:, :, :n]  # [2, Hkv, N, d]
+    body.copy_(cached)
+    k = body[0]  # [Hkv, N, d]
     products = _rotated_products(k, sin)  # before k changes
     _add_rotated(k.mul_(cos), *products)
     return out
