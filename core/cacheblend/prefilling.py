@@ -93,7 +93,7 @@ class Prefiller:
         chosen = out.ratio if out.ratio is not None else cfg.recompute_ratio  # an auto budget reports its pick
         stats = asm.stats(out.recomputed + (0 if read else asm.input.head), 1.0 if full else chosen)
         stats.budget_signal = out.budget_signal
-        stats.first_stage_tokens = out.first_stage_rows
+        stats.first_stage_tokens, stats.first_stage_s = out.first_stage_rows, out.first_stage_s
         stats.head_tokens = asm.input.head if read else 0  # a head computed for this request counts as computed
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started

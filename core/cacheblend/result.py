@@ -19,6 +19,8 @@ class BlendStats:
         first request of a head (computed for it: counted in recomputed_tokens).
     first_stage_tokens: rows a two-stage selector's first pass (``selector="question"``) computed
         through every layer before choosing what to recompute (0 for one-pass selectors).
+    first_stage_s: the time of that first stage (its full-reuse pass and, with ``selector="draft"``,
+        its drafting passes; part of prefill_s; 0.0 for one-pass selectors).
     recompute_ratio: the share of reused tokens recomputed that the blend used (with
         ``recompute_ratio="auto"`` the one it chose for this request, within the config's bounds).
     budget_signal: with the auto budget, the value of the signal that chose it (None otherwise;
@@ -46,6 +48,7 @@ class BlendStats:
     doubt_step: int | None = None
     redone_tokens: int = 0
     load_s: float = 0.0
+    first_stage_s: float = 0.0
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     total_s: float = 0.0

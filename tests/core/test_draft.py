@@ -157,6 +157,10 @@ def test_the_draft_selector_through_the_engine(make_engine, family):
     assert blended.output.recomputed == asking.output.recomputed < n
     assert blended.stats.first_stage_tokens == asking.stats.first_stage_tokens + 3
     assert blended.output.drafted == 3 and asking.output.drafted == 0
+    # the first stage's time is reported, as part of the prefill's; a one-pass blend has none
+    one_pass = engine.prefill(req, config=replace(engine.config, selector="deviation").with_ratio(0.3))
+    assert all(0 < p.stats.first_stage_s < p.stats.prefill_s for p in (blended, asking))
+    assert one_pass.stats.first_stage_s == 0.0
 
 
 def test_sinks_keep_the_drafted_stage_and_bad_settings_are_refused():

@@ -29,6 +29,7 @@ layer after the check, from the residual stream their record was computed from.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -59,7 +60,8 @@ class BlendOutput:
     drafted answer's, each also its own LM head (``draft.py``). With an auto budget
     (``AutoRatio`` in the schedule, ``budget.py``): ratio, the one it chose, and budget_signal, the
     signal it read (None otherwise). A pass with ``room`` (``reuse_pass``): grown, per layer the
-    cache [2,Hkv,N+room,d] whose first N rows kv's K and V view ([] otherwise)."""
+    cache [2,Hkv,N+room,d] whose first N rows kv's K and V view ([] otherwise). first_stage_s: the
+    seconds stage 1 took, its score included (on CUDA the device is synchronised to time it)."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     logits: torch.Tensor
@@ -70,6 +72,7 @@ class BlendOutput:
     question_rows: int = 0
     question_layers: list[int] = field(default_factory=list)
     drafted: int = 0
+    first_stage_s: float = 0.0
     ratio: float | None = None
     budget_signal: float | None = None
     grown: list[torch.Tensor] = field(default_factory=list)
@@ -196,8 +199,12 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     ratio = schedule[max(schedule)]  # the last check layer's: the recompute ratio
     if budget_for(getattr(ratio, "max_ratio", ratio), num_reused) == 0:  # an AutoRatio: its most
         return reuse_pass(model, inp)  # full reuse
+    started = time.perf_counter()
     first, asked = _first_stage(model, inp, selector)
     score = asked.score(inp.reused, inp.chunk_offsets)  # [N]
+    if score.device.type == "cuda":
+        torch.cuda.synchronize(score.device)
+    first_stage_s = time.perf_counter() - started
     base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
     if getattr(selector, "at_check_layers", False):
         out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score, restart=inp.restart,
@@ -207,6 +214,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
                      spread=spread)
     out.first_stage_rows, out.first_stage_active = first.recomputed, first.active_rows
     out.question_rows, out.question_layers, out.drafted = asked.rows, asked.layers, first.drafted
+    out.first_stage_s = first_stage_s
     return out
 
 

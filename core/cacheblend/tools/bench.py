@@ -20,6 +20,8 @@ For each prompt (``chunks`` passages + a question, wrapped by the chat template)
   prompt's floor, the median over prompts. An auto budget recomputes more of one prompt than of
   another, so the median TTFT and the floor at the mean share describe different prompts: only
   the per-prompt ratio says how close the method runs to its own floor.
+- first stage (the run file's ``first_stage_s``): the median time of a two-stage blend's first
+  stage (``BlendStats.first_stage_s``: its full-reuse pass, a draft's passes), part of its TTFT.
 - KL: mean KL(full prefill || method) over the tokens of the full-prefill greedy answer; beside
   it, as a share of full reuse's KL: of the default's own records ("full reuse", ratio 0 through
   the same engine) and, when the default warms behind neighbours, of chunks warmed alone
@@ -59,6 +61,7 @@ class MethodResult:
     ratio: float | None
     ttft_s: list[float] = field(default_factory=list)
     load_s: list[float] = field(default_factory=list)
+    first_stage_s: list[float] = field(default_factory=list)
     kl: list[float] = field(default_factory=list)
     f1_full: list[float] = field(default_factory=list)
     f1_gold: list[float] = field(default_factory=list)
@@ -79,6 +82,7 @@ class MethodResult:
             "ttft_s": ttft,
             "speedup": full_ttft / ttft,
             "load_s": statistics.median(self.load_s),
+            "first_stage_s": statistics.median(self.first_stage_s) if self.first_stage_s else 0.0,
             "kl": statistics.mean(self.kl),
             "f1_vs_full": statistics.mean(self.f1_full),
             "f1_vs_gold": statistics.mean(self.f1_gold) if self.f1_gold else None,
@@ -223,7 +227,7 @@ def throughput(engine: BlendEngine, examples: list[QAExample], rows: list[dict])
 def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) -> Prefilled:
     """Runs ``make`` ``repeats`` times (after emptying the memory tier when ``engine`` is given);
     records the median TTFT and load time; returns the last prefill."""
-    ttfts, loads = [], []
+    ttfts, loads, stages = [], [], []
     for _ in range(repeats):
         if engine is not None and any(not t.shared for t in engine.kv.stores.attached):  # a local store is attached
             engine.kv.stores.memory = MemoryStore(engine.kv.stores.memory.max_bytes)
@@ -233,8 +237,10 @@ def _timed(make, repeats: int, res: MethodResult, engine: BlendEngine | None) ->
         pre.stats.ttft_s = time.perf_counter() - started
         ttfts.append(pre.stats.ttft_s)
         loads.append(pre.stats.load_s)
+        stages.append(pre.stats.first_stage_s)
     res.ttft_s.append(statistics.median(ttfts))
     res.load_s.append(statistics.median(loads))
+    res.first_stage_s.append(statistics.median(stages))
     return pre
 
 
