@@ -33,10 +33,10 @@ _active = {"t": 1.0}  # the temperature of the prefill under way (1.0 outside th
 _by_config: dict[int, float] = {}  # id(BlendConfig) of a patched method -> T
 
 
-def _realign_tempered(cached, cos, sin, dtype):
-    out = realign(cached, cos, sin, dtype)  # [2, Hkv, N, d]; the blend writes its fresh rows over it
+def _realign_tempered(cached, cos, sin, dtype, room=0):
+    out = realign(cached, cos, sin, dtype, room)  # [2, Hkv, N + room, d]; the blend writes its fresh rows over it
     if _active["t"] != 1.0:
-        out[0].mul_(1.0 / _active["t"])
+        out[0, :, : cached.shape[2]].mul_(1.0 / _active["t"])
     return out
 
 
