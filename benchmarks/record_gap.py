@@ -25,7 +25,9 @@ files; development data only):
   product's ``BlendConfig(selector="draft+gap")``, SmolLM2's default since stop 61; the development
   runs before it (``docs/runs/gap_*``) ran this script's own product of the two, which it
   reproduces (docs/RECORD-GAP.md). ``"nb1 draft-only T last3 gap x"`` (T in 12, 16, 24): the same
-  with a draft of T tokens (``draft_tokens=T``). ``"... gap W"``:
+  with a draft of T tokens (``draft_tokens=T``); ``"nb1 draft-only 8 last3 gap x P%"`` (P in 5, 10,
+  20, 30, 50): the default at P% instead of 15%, what an adaptive budget picks among
+  (benchmarks/gate_eval.py ``--choose``). ``"... gap W"``:
   W x the draft's rank plus (1 - W) x the gap's rank.
 - ``"nb1 lexical gap"``: the named chunk whole, the rest of 15% by the gap instead of deviation
   (``"nb1 lexical"``'s control).
@@ -124,6 +126,9 @@ def register() -> None:
     for tokens in (8, 12, 16, 24):
         select_eval.METHODS[f"nb1 draft-only {tokens} last3 gap x"] = (
             replace(drafting, selector="draft+gap", draft_tokens=tokens), None)
+    for percent in (5, 10, 20, 30, 50):  # the default at other budgets (an adaptive budget's choices)
+        select_eval.METHODS[f"nb1 draft-only 8 last3 gap x {percent}%"] = (
+            replace(drafting, selector="draft+gap", draft_tokens=8, ratios=(percent / 100,)), None)
     for w in (0.25, 0.5, 0.75):
         select_eval.METHODS[f"nb1 draft-only 8 last3 gap {w}"] = (drafting, DraftRankGapSelector("last_third", tokens=8,
                                                                                                 weight=w))

@@ -8,8 +8,8 @@ split's pool: the ``nbK`` methods), each warmed once; per question one full pref
 accuracy (greedy short answer contains the gold string), agreement (the same answer as full
 prefill), mean KL(full || method) over the full-prefill answer's tokens, recomputed share, and
 the median ratio of its prefill time to full prefill's (short prompts: a rough guide only). The run
-file also keeps every question's row per method (``questions``: the measures, the blend's margins and
-its answer text), which benchmarks/gate_eval.py reads and a reader can inspect answer by answer.
+file also keeps every question's row per method (``questions``: the measures, the blend's margins,
+a draft's least sure token's margin (``BlendStats.draft_margin``) and its answer text), which benchmarks/gate_eval.py reads and a reader can inspect answer by answer.
 
 ``--pool corpus`` (MuSiQue): the ``nbK`` engines pick neighbours among every passage of the
 file's prompts (all 150 examples' six), not only the run's: a passage is then less often warmed
@@ -302,7 +302,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         if METHODS[n][0].neighbours and not METHODS[n][0].lead_alone:
             views[n] = BlendEngine(model, tok, config=METHODS[n][0], memory_bytes=1 << 20)
             views[n].kv.stores = engines[METHODS[n][0].neighbours].kv.stores
-    keys = ("right", "agree", "f1", "top1", "kl", "share", "time", "margin", "margin_min", "answer")
+    keys = ("right", "agree", "f1", "top1", "kl", "share", "time", "margin", "margin_min", "draft_margin", "answer")
     rows = {n: {k: [] for k in keys} for n in ["full prefill", *names]}
     started = time.time()
     for i, q in enumerate(qs):
@@ -311,7 +311,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
         ref = engine.generate_from(full, max_new_tokens=answer_tokens, stop=STOP)
         p = torch.log_softmax(full.continuation_logits(ref.token_ids), dim=-1)  # [T+1, vocab]
         _record(rows["full prefill"], (_right(ref.text, q.answers), True, 1.0, 1.0, 0.0, 1.0, 1.0,
-                                       *_margins(p, len(ref.token_ids)), ref.text.strip()))
+                                       *_margins(p, len(ref.token_ids)), None, ref.text.strip()))
         ends_eos = ref.stats.finish_reason == "stop" and p[-1].argmax().item() in engine.eos_ids
         for name in names:
             cfg, sel = METHODS[name]
@@ -341,7 +341,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
             ratio = pre.stats.prefill_s / full.stats.prefill_s
             f1 = token_f1(text, ref.text)
             _record(rows[name], (_right(text, q.answers), text.strip() == ref.text.strip(), f1, top1, kl, share, ratio,
-                                 *own, text.strip()))
+                                 *own, pre.stats.draft_margin, text.strip()))
         if (i + 1) % 10 == 0 and i + 1 < len(qs):  # partial tables: a long run can be cut short
             log(f"{table(summarize(rows), i + 1)}\n{time.time() - started:.0f} s\n", flush=True)
     return rows
@@ -468,7 +468,8 @@ def merge(parts: list[tuple[int, dict]]) -> dict[str, dict]:
     out = {}
     for name in [m for m in parts[0][1] if all(m in s for _, s in parts)]:
         rs = [(n, s[name]) for n, s in parts]
-        out[name] = {k: None if v is None else sum(n * r[k] for n, r in rs) / total for k, v in rs[0][1].items() if k != "kept"}
+        keys = [k for k in rs[0][1] if k != "kept" and all(k in r for _, r in rs)]  # an older run may lack some
+        out[name] = {k: None if None in (r[k] for _, r in rs) else sum(n * r[k] for n, r in rs) / total for k in keys}
         kept = [r.get("kept") for _, r in rs]
         out[name]["kept"] = None if None in kept else sum(kept)
     return out

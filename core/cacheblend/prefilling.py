@@ -94,6 +94,7 @@ class Prefiller:
         stats = asm.stats(out.recomputed + (0 if read else asm.input.head), 1.0 if full else chosen)
         stats.budget_signal = out.budget_signal
         stats.first_stage_tokens, stats.first_stage_s = out.first_stage_rows, out.first_stage_s
+        stats.draft_margin = out.draft_margin
         stats.head_tokens = asm.input.head if read else 0  # a head computed for this request counts as computed
         stats.prefill_s = time.perf_counter() - t
         stats.ttft_s = time.perf_counter() - started

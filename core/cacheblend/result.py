@@ -21,6 +21,9 @@ class BlendStats:
         through every layer before choosing what to recompute (0 for one-pass selectors).
     first_stage_s: the time of that first stage (its full-reuse pass and, with ``selector="draft"``,
         its drafting passes; part of prefill_s; 0.0 for one-pass selectors).
+    draft_margin: with ``selector="draft"`` or ``"draft+gap"``, how sure full reuse was of the
+        drafted answer's least sure token: its probability minus the runner-up's (the doubt gate's
+        measure; None for other selectors). Low: full reuse's answer is in doubt.
     recompute_ratio: the share of reused tokens recomputed that the blend used (with
         ``recompute_ratio="auto"`` the one it chose for this request, within the config's bounds).
     budget_signal: with the auto budget, the value of the signal that chose it (None otherwise;
@@ -49,6 +52,7 @@ class BlendStats:
     redone_tokens: int = 0
     load_s: float = 0.0
     first_stage_s: float = 0.0
+    draft_margin: float | None = None
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     total_s: float = 0.0

@@ -22,6 +22,7 @@ from cacheblend.blending.draft import DraftSelector, draft_stage, prompt_lookup
 from cacheblend.blending.question import Fusion, QuestionScore
 from cacheblend.blending.selection import NoneSelector, SinkSelector
 from cacheblend.blending.selectors import make_selector
+from cacheblend.generation.doubt import top_margin
 
 from test_equivalence import CHUNKS, QUESTION, assembled, assert_kv_close, hf_reference, request
 from tiny_models import FAMILIES
@@ -38,14 +39,16 @@ def extended(inp, draft):
 
 @torch.inference_mode()
 def greedy_over(engine, out, n, tokens):
-    """``tokens`` greedy tokens transformers' own forward decodes over ``out``'s cache, one at a time."""
-    cache, logits, greedy = engine.adapter.make_cache(out.kv), out.logits, []
+    """``tokens`` greedy tokens transformers' own forward decodes over ``out``'s cache, one at a time,
+    and how sure it was of each (``top_margin``)."""
+    cache, logits, greedy, margins = engine.adapter.make_cache(out.kv), out.logits, [], []
     for i in range(tokens):
         greedy.append(int(logits.argmax()))
+        margins.append(top_margin(logits))
         step = engine.adapter.model(input_ids=torch.tensor([[greedy[-1]]]), cache=cache,
                                     position_ids=torch.tensor([[n + i]]), use_cache=True)
         logits = step.logits[0, -1].float()
-    return greedy
+    return greedy, margins
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -58,7 +61,8 @@ def test_the_draft_is_full_reuses_greedy_answer_and_its_score_one_pass_over_prom
     plain = reuse_pass(model, inp)
     with torch.inference_mode():
         out, asked = draft_stage(model, inp, fusion, 4, question)
-    assert asked.draft == greedy_over(engine, plain, n, 4)
+    greedy, margins = greedy_over(engine, plain, n, 4)
+    assert asked.draft == greedy and asked.margins == pytest.approx(margins, abs=1e-5)
     assert all(torch.equal(a, b) for pa, pb in zip(out.kv, plain.kv) for a, b in zip(pa, pb))  # stage 2's base
     # the draft's rows went into the room after the prompt's rows, which were not copied for it
     assert all(k.data_ptr() == g[0].data_ptr() and g.shape[2] == n + 4 for (k, _), g in zip(out.kv, out.grown))
@@ -104,6 +108,7 @@ def test_guessed_tokens_change_nothing_but_the_passes(make_engine, family):
         with torch.inference_mode():
             out, asked = draft_stage(model, inp, fusion, tokens, True, *([propose] if propose else []))
         assert asked.draft == truth, name
+        assert asked.margins == pytest.approx(ref_asked.margins, abs=1e-5), name  # each token's, once
         torch.testing.assert_close(asked.score(inp.reused, inp.chunk_offsets),
                                    ref_asked.score(inp.reused, inp.chunk_offsets), atol=1e-5, rtol=1e-4)
         assert asked.rows == ref_asked.rows
@@ -161,6 +166,12 @@ def test_the_draft_selector_through_the_engine(make_engine, family):
     one_pass = engine.prefill(req, config=replace(engine.config, selector="deviation").with_ratio(0.3))
     assert all(0 < p.stats.first_stage_s < p.stats.prefill_s for p in (blended, asking))
     assert one_pass.stats.first_stage_s == 0.0
+    # how sure full reuse was of the draft: its least sure token's margin; no draft, no margin
+    with torch.inference_mode():
+        _, drafted = draft_stage(engine.adapter, inp, Fusion("last_third"), 3)
+    assert blended.stats.draft_margin == pytest.approx(min(drafted.margins), abs=1e-6)
+    assert 0 <= blended.stats.draft_margin <= 1 and len(drafted.margins) == 3
+    assert asking.stats.draft_margin is None and one_pass.stats.draft_margin is None
 
 
 def test_sinks_keep_the_drafted_stage_and_bad_settings_are_refused():

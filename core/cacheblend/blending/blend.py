@@ -61,7 +61,8 @@ class BlendOutput:
     (``AutoRatio`` in the schedule, ``budget.py``): ratio, the one it chose, and budget_signal, the
     signal it read (None otherwise). A pass with ``room`` (``reuse_pass``): grown, per layer the
     cache [2,Hkv,N+room,d] whose first N rows kv's K and V view ([] otherwise). first_stage_s: the
-    seconds stage 1 took, its score included (on CUDA the device is synchronised to time it)."""
+    seconds stage 1 took, its score included (on CUDA the device is synchronised to time it);
+    draft_margin: with a drafted answer, how sure full reuse was of its least sure token (None otherwise)."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     logits: torch.Tensor
@@ -76,6 +77,7 @@ class BlendOutput:
     ratio: float | None = None
     budget_signal: float | None = None
     grown: list[torch.Tensor] = field(default_factory=list)
+    draft_margin: float | None = None
 
     @property
     def active_per_layer(self) -> list[int]:
@@ -215,6 +217,8 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     out.first_stage_rows, out.first_stage_active = first.recomputed, first.active_rows
     out.question_rows, out.question_layers, out.drafted = asked.rows, asked.layers, first.drafted
     out.first_stage_s = first_stage_s
+    margins = getattr(asked, "margins", None)  # a drafted answer's (``draft.py``)
+    out.draft_margin = min(margins) if margins else None
     return out
 
 

@@ -50,13 +50,15 @@ LOOKAHEAD = 7  # guesses a drafting pass verifies at most (``prompt_lookup``'s);
 class DraftScore(QuestionScore):
     """``QuestionScore`` over the prompt's N keys, whose asking rows include draft rows past N;
     ``draft``: the drafted token ids; ``weight``: [N], what the score is multiplied by (the rows'
-    gap, ``gap.py``: ``DraftSelector(gap=True)``), or None."""
+    gap, ``gap.py``: ``DraftSelector(gap=True)``), or None; ``margins``: per drafted token, how sure full
+    reuse was of it (``token_margins``), the signal an adaptive budget can read before stage 2."""
 
     def __init__(self, model: ModelAdapter, asking: torch.Tensor, fusion: Fusion, keys: int) -> None:
         super().__init__(model, asking, fusion, keys)
         self.draft: list[int] = []
         self.passes = 0  # the drafting passes (``draft_stage``)
         self.weight: torch.Tensor | None = None
+        self.margins: list[float] = []
 
     def score(self, reused: torch.Tensor, chunk_offsets: torch.Tensor) -> torch.Tensor:
         score = super().score(reused, chunk_offsets)
@@ -87,6 +89,7 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
         cache[:, :, n:] = 0
     propose, lookahead = (guesses, tokens) if callable(guesses) else (prompt_lookup(inp.ids), guesses)
     draft, done, computed = [int(first.logits.argmax())], 0, []  # done: the draft's rows kept
+    margins = token_margins(first.logits[None])
     while done < tokens:  # draft[done] is known, its row not computed yet
         room = min(lookahead, tokens - len(draft))
         guess = propose(draft, room)[:room] if room else []
@@ -99,11 +102,12 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
         for layer, q, keys in seen:  # a rejected guess's row is neither scored nor kept
             asked(layer, q[:, :, :kept], keys, positions[:kept])
         draft, done = draft + guess[: kept - 1], done + kept
+        margins += token_margins(logits[:kept])  # the rows that picked the draft's new tokens (and one past it)
         if len(draft) < tokens:
             draft.append(picks[kept - 1])
         computed.append(positions)
         asked.passes += 1
-    asked.draft = draft
+    asked.draft, asked.margins = draft, margins[:tokens]
     drafted = torch.cat(computed)
     first.active_rows = [torch.cat([rows, drafted]) for rows in first.active_rows]
     first.recomputed, first.drafted = first.recomputed + drafted.shape[0], tokens
@@ -130,6 +134,13 @@ def prompt_lookup(ids: torch.Tensor, longest: int = 3) -> Propose:
         return []
 
     return propose
+
+
+def token_margins(logits: torch.Tensor) -> list[float]:
+    """Per row of ``logits`` [m, vocab]: the probability of its likeliest token minus the runner-up's
+    (1: sure; near 0: a toss-up; the doubt gate's ``top_margin``)."""
+    top = logits.float().softmax(dim=-1).topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
 
 
 def check_tokens(tokens: object) -> None:

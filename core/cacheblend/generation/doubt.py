@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
+from ..blending.draft import token_margins
+
 
 def top_margin(logits: torch.Tensor) -> float:
     """How sure the model is of its next token: the probability of the likeliest minus the
-    second's, from logits [vocab] (pure)."""
-    top = torch.softmax(logits.float(), dim=-1).topk(2).values
-    return float(top[0] - top[1])
+    second's, from logits [vocab] (pure; ``draft.token_margins`` of one row)."""
+    return token_margins(logits[None])[0]
 
 
 @dataclass(frozen=True)
