@@ -20,9 +20,11 @@ MAX_DRAFT_TOKENS = 64
 # What keys the KV: fixed per engine (they are in every chunk's fingerprint and decide what warm
 # stores). Every other field is a per-call blend knob that a prefill's ``config=`` may change.
 KV_FIELDS = ("chunk_context", "neighbours", "lead_alone", "kv_dtype")
-# What an adaptive budget (``recompute_ratio="auto"``) may read at the check layer (blending.budget)
-BUDGET_SIGNALS = ("deviation", "concentration", "attention_other", "attention_entropy", "cached_share", "chunks", "named_share")
-SHARE_SIGNALS = ("named_share",)  # a ratio themselves: the budget is the signal, within the bounds
+# What an adaptive budget (``recompute_ratio="auto"``) may read (blending.budget): at the check layer, or
+# (``STAGE_SIGNALS``) after a draft selector's stage 1
+BUDGET_SIGNALS = ("deviation", "concentration", "attention_other", "attention_entropy", "cached_share", "chunks",
+                  "named_share", "draft_doubt")
+SHARE_SIGNALS, STAGE_SIGNALS = ("named_share",), ("draft_doubt",)  # share: the budget is the signal, within the bounds
 
 
 @dataclass(frozen=True)
@@ -61,18 +63,17 @@ class BlendConfig:
             template's system header). It is part of every chunk key.
         neighbours: how many similar passages each chunk is warmed behind (after the chunk context),
             0 for none (CacheBlend's own warming). Chunks computed behind a passage like them blend
-            much closer to full prefill (``cacheblend.neighbours``; 1 was chosen on the development
-            fact set, where 2 was no better and 4 worse, and confirmed on the reporting splits:
-            docs/TUNING.md); warming costs about twice as long. Part of the fingerprint: such KV never mixes
+            much closer to full prefill (``cacheblend.neighbours``; 1 was chosen on development facts, 2
+            no better, 4 worse, confirmed on the reporting splits: docs/TUNING.md); warming costs about
+            twice as long. Part of the fingerprint: such KV never mixes
             with KV warmed alone, and is reused wherever the chunk lands (its K is stored before RoPE).
         lead_alone: with ``neighbours`` > 0, each chunk's KV is also kept as computed behind the
             chunk context alone (a second record, the ``lead`` variant), and the prompt's first chunk
             reads that one: nothing but the prompt's head precedes it, so KV that has seen a
             neighbour would carry a passage the prompt does not hold. Later chunks read the KV
             warmed behind neighbours. At the same TTFT this cut the KL of the blend to full prefill
-            by 39% on the development fact set and 10% on development pydoc prompts (docs/TUNING.md);
-            it costs a second record per chunk (twice the store bytes) and about 8% of warm time
-            (a chunk's alone KV comes free from warming the chunk that has it as neighbour).
+            by 39% on development facts, 10% on development pydoc (docs/TUNING.md); it costs a second
+            record per chunk (twice the store bytes), ~8% of warm time (a chunk's alone KV comes free).
         kv_dtype: dtype of stored chunk KV. ``int8`` keeps fp16 in memory and writes int8 to disk and
             Redis (keys per channel before RoPE, values per token; about 0.51x the bytes of fp16);
             ``int4`` the same in 4 bits with groups of 32 (about 0.31x; see docs/STORES.md for its cost).
@@ -96,7 +97,9 @@ class BlendConfig:
             on a prefill): at the check layer, before picking, ``blending.budget`` reads
             ``auto_signal`` for the request and recomputes ``auto_max_ratio`` of the reused tokens when
             it is at least ``auto_threshold``, ``auto_min_ratio`` otherwise (docs/ADAPTIVE-BUDGET.md).
-            One check layer; not with ``question`` (no check layer runs before its pick). ``ratios``
+            One check layer; not with ``question`` or ``draft`` (no check layer runs before their pick)
+            but ``auto_signal="draft_doubt"``, which needs ``draft`` or ``draft+gap``: 1 minus how sure
+            full reuse was of the draft's least sure token (``BlendStats.draft_margin``). ``ratios``
             are then unused (``with_ratio(r)`` goes back to them). The defaults (deviation, 5-30%,
             threshold 0.00096) are fitted on SmolLM2's development data to a mean of 15%; the
             threshold is model-specific, and auto kept no more answers than the fixed 15% there.
@@ -153,9 +156,7 @@ class BlendConfig:
         if not self.check_layers:
             raise ValueError("check_layers must name at least one layer")
         if len(self.check_layers) != len(self.ratios):
-            raise ValueError(
-                f"check_layers {self.check_layers} and ratios {self.ratios} must have the same length"
-            )
+            raise ValueError(f"check_layers {self.check_layers} and ratios {self.ratios} must have the same length")
         if any(b <= a for a, b in zip(self.check_layers, self.check_layers[1:])) or min(self.check_layers) < 0:
             raise ValueError(f"check_layers must be non-negative and increasing, got {self.check_layers}")
         for r in self.ratios:
@@ -182,8 +183,7 @@ class BlendConfig:
         self._check_auto()
         for name, low_open in (("doubt_margin", False), ("doubt_ratio", True)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0 \
-                    or (low_open and value == 0.0):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1 or (low_open and not value):
                 raise ValueError(f"{name} must be a number in {'(0' if low_open else '[0'}, 1], got {value!r}")
 
     def _check_auto(self) -> None:
@@ -199,8 +199,10 @@ class BlendConfig:
             raise ValueError(f"auto_threshold must be a number, got {t!r}")
         if self.auto_budget and len(self.check_layers) != 1:
             raise ValueError(f"the auto budget takes one check layer, got {self.check_layers}")
-        if self.auto_budget and self.selector in ("question", "draft", "draft+gap"):
-            raise ValueError(f"the auto budget reads its signal at a check layer; selector {self.selector!r} has none")
+        staged, drafts = self.auto_signal in STAGE_SIGNALS, self.selector in ("draft", "draft+gap")
+        if self.auto_budget and (staged != drafts or self.selector == "question"):
+            raise ValueError(f"auto_signal {self.auto_signal!r} does not fit selector {self.selector!r}: "
+                             "'draft_doubt' reads a draft (selector 'draft' or 'draft+gap'), the others a check layer")
         w, gated = self.lead_after_named, self.lead_after_margin > 0
         lexical = self.selector.startswith("lexical") and self.neighbours > 0 and self.lead_alone
         if not isinstance(w, (int, float)) or not 0 <= w <= 1 or (w and not lexical) or (gated and not w):
@@ -216,9 +218,8 @@ class BlendConfig:
 
     def auto(self) -> AutoRatio | None:
         """The auto budget's policy, None for a fixed ratio."""
-        if not self.auto_budget:
-            return None
-        return AutoRatio(self.auto_signal, float(self.auto_min_ratio), float(self.auto_max_ratio), float(self.auto_threshold))
+        return AutoRatio(self.auto_signal, float(self.auto_min_ratio), float(self.auto_max_ratio),
+                         float(self.auto_threshold)) if self.auto_budget else None
 
     def schedule(self) -> dict[int, float | AutoRatio]:
         """Check layer -> ratio (an ``AutoRatio`` with ``auto_budget``: the blend picks it per
@@ -273,10 +274,10 @@ class BlendConfig:
 
 @dataclass(frozen=True)
 class AutoRatio:
-    """A schedule entry that the blend resolves per request (``blending.budget.resolve``): at the
-    check layer it reads ``signal`` and keeps ``max_ratio`` of the reused tokens when the value is
-    at least ``threshold``, ``min_ratio`` otherwise; a signal of ``SHARE_SIGNALS`` is the ratio
-    itself, kept within [min_ratio, max_ratio] (``threshold`` plays no part)."""
+    """A schedule entry the blend resolves per request (``blending.budget``): at the check layer (or
+    after a draft: ``STAGE_SIGNALS``) it reads ``signal``, keeps ``max_ratio`` of the reused tokens
+    when the value is at least ``threshold``, ``min_ratio`` otherwise; a ``SHARE_SIGNALS`` value is
+    the ratio itself, within [min_ratio, max_ratio]."""
 
     signal: str
     min_ratio: float

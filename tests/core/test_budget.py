@@ -13,7 +13,7 @@ from cacheblend.blending import budget
 from cacheblend.blending.blend import blend_prefill, budget_for
 from cacheblend.blending.selection import DeviationSelector
 from cacheblend.blending.selectors import make_selector
-from cacheblend.config import BUDGET_SIGNALS, AutoRatio
+from cacheblend.config import AutoRatio
 
 from test_equivalence import CHUNKS, assembled, assert_kv_close, hf_reference, request
 
@@ -35,7 +35,7 @@ def test_auto_with_equal_bounds_is_the_fixed_ratio_bit_for_bit(make_engine, fami
     engine = make_engine(family)
     engine.warm(CHUNKS)
     asm = assembled(engine, request(engine, (2, 0, 1)))
-    for signal in BUDGET_SIGNALS:
+    for signal in budget.SIGNALS:  # the check layer's (``draft_doubt`` reads a draft: below)
         got = blend_prefill(engine.adapter, asm.input, DeviationSelector("v"), {1: auto(signal, ratio, ratio)})
         fixed = blend_prefill(engine.adapter, asm.input, DeviationSelector("v"), {1: ratio})
         same_output(got, fixed)
@@ -87,7 +87,7 @@ def test_the_signals_are_in_their_ranges(make_engine):
     with budget.recording() as seen:
         blend_prefill(engine.adapter, asm.input, make_selector(BlendConfig()), {1: auto()})
     s = seen[0]
-    assert set(BUDGET_SIGNALS) <= set(s) and s["chunks"] == 3.0
+    assert set(budget.SIGNALS) <= set(s) and s["chunks"] == 3.0
     assert s["deviation"] > 0 and 0.15 <= s["concentration"] <= 1.0
     for name in ("attention_other", "attention_entropy", "cached_share"):
         assert 0.0 <= s[name] <= 1.0, name
@@ -115,7 +115,9 @@ def test_the_config_spells_auto_and_goes_back_to_a_fixed_ratio():
     dict(auto_min_ratio=-0.1), dict(auto_max_ratio=1.5), dict(auto_min_ratio=0.3, auto_max_ratio=0.2),
     dict(auto_min_ratio="0.1"), dict(auto_max_ratio=True), dict(auto_signal="entropy"), dict(auto_budget=1),
     dict(auto_threshold=float("nan")), dict(auto_budget=True, check_layers=(1, 2), ratios=(0.3, 0.15)),
-    dict(auto_budget=True, selector="question"),
+    dict(auto_budget=True, selector="question"), dict(auto_budget=True, selector="draft"),
+    dict(auto_budget=True, selector="deviation", auto_signal="draft_doubt"),
+    dict(auto_budget=True, selector="question", auto_signal="draft_doubt"),
 ])
 def test_bad_auto_values_raise(bad):
     with pytest.raises(ValueError):
@@ -141,3 +143,25 @@ def test_blend_stats_report_the_chosen_ratio(make_engine):
     pre = engine.prefill(chunks=CHUNKS, query="Which star?", config=cfg)
     assert pre.output.ratio == 0.4
     assert pre.stats.recompute_ratio == 0.4 and pre.stats.budget_signal == pre.output.budget_signal
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_draft_doubt_picks_the_budget_after_the_draft(make_engine, family):
+    """``auto_signal="draft_doubt"`` (``selector="draft+gap"``): the signal is 1 minus the draft's least
+    sure token's margin; the blend is the fixed blend at the ratio it picks, bit for bit; a pick of 0
+    is full reuse (the draft's own pass), and stats report the pick and the signal."""
+    engine = make_engine(family, selector="draft+gap", draft_tokens=3, question_layers="last_third")
+    engine.warm(CHUNKS)
+    req = engine.request(chunks=[CHUNKS[i] for i in (2, 0, 1)], query="Which star?")
+    fixed = {r: engine.prefill(req, config=engine.config.with_ratio(r)) for r in (0.0, 0.1, 0.4)}
+    doubt = 1.0 - fixed[0.1].stats.draft_margin
+    auto_cfg = replace(engine.config, auto_budget=True, auto_signal="draft_doubt", auto_min_ratio=0.1, auto_max_ratio=0.4)
+    for threshold, ratio in ((doubt - 1e-3, 0.4), (doubt + 1e-3, 0.1), (-math.inf, 0.4)):
+        got = engine.prefill(req, config=replace(auto_cfg, auto_threshold=threshold))
+        same_output(got.output, fixed[ratio].output)
+        assert got.stats.recompute_ratio == got.output.ratio == ratio
+        assert got.stats.budget_signal == pytest.approx(doubt, abs=1e-6) and fixed[ratio].output.ratio is None
+    assert 1.0 - fixed[0.4].stats.draft_margin == pytest.approx(doubt, abs=1e-6)  # the same draft at any ratio
+    zero = engine.prefill(req, config=replace(auto_cfg, auto_min_ratio=0.0, auto_threshold=math.inf))
+    assert zero.output.ratio == 0.0 and zero.output.recomputed == fixed[0.0].output.recomputed
+    torch.testing.assert_close(zero.output.logits, fixed[0.0].output.logits, atol=1e-5, rtol=1e-5)

@@ -186,5 +186,5 @@ def test_sinks_keep_the_drafted_stage_and_bad_settings_are_refused():
     for lookahead in (-1, True, 1.5):
         with pytest.raises(ValueError, match="draft lookahead"):
             DraftSelector(lookahead=lookahead)
-    with pytest.raises(ValueError, match="selector 'draft' has none"):
-        BlendConfig(selector="draft", auto_budget=True)
+    with pytest.raises(ValueError, match="auto_signal 'deviation' does not fit selector 'draft'"):
+        BlendConfig(selector="draft", auto_budget=True)  # a check layer's signal: the draft's stage 2 has none

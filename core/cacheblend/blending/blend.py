@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.adapter import ModelAdapter
-from .budget import resolve
+from .budget import after_stage_one, resolve
 from .feed import LayerFeed
 from .rope import RopeTables, apply_rope, realign
 from .check import Check, CheckLayer
@@ -207,6 +207,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     if score.device.type == "cuda":
         torch.cuda.synchronize(score.device)
     first_stage_s = time.perf_counter() - started
+    ratio, signal = after_stage_one(ratio, asked)  # an auto budget that reads stage 1 picks here
     base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
     if getattr(selector, "at_check_layers", False):
         out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score, restart=inp.restart,
@@ -217,6 +218,8 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     out.first_stage_rows, out.first_stage_active = first.recomputed, first.active_rows
     out.question_rows, out.question_layers, out.drafted = asked.rows, asked.layers, first.drafted
     out.first_stage_s = first_stage_s
+    if signal is not None:
+        out.ratio, out.budget_signal = ratio, signal
     margins = getattr(asked, "margins", None)  # a drafted answer's (``draft.py``)
     out.draft_margin = min(margins) if margins else None
     return out

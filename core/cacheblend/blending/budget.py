@@ -18,6 +18,12 @@ ratio in [min_ratio, max_ratio]. The signals (``SIGNALS``, names in ``config.BUD
   chunk is the prompt's first read alone: ``lexical.named_chunk``): a ratio itself
   (``SHARE_SIGNALS``), so the budget recomputes that chunk whole, whatever its length.
 
+``after_stage_one`` is what a two-stage blend calls between its stages: a ``STAGE_SIGNALS`` policy
+reads the first stage there, not a check layer: ``draft_doubt``, 1 minus how sure full reuse was of
+a drafted answer's least sure token (``draft.py``'s ``DraftScore.margins``; ``BlendStats.draft_margin``).
+Where full reuse doubts its own answer, the blend is likeliest to answer otherwise than full reuse
+and full prefill do (docs/ADAPTIVE-BUDGET.md).
+
 ``recording()`` collects every signal at each auto choice (for measurement: benchmarks/budget_eval.py).
 """
 
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import BUDGET_SIGNALS, AutoRatio
+from ..config import BUDGET_SIGNALS, STAGE_SIGNALS, AutoRatio
 from .lexical import named_share
 from .question import chunk_ids
 
@@ -100,7 +106,7 @@ SIGNALS: dict[str, Callable[[CheckView], float]] = {
     "named_share": lambda view: named_share(view.ids[view.reused], view.chunks[view.reused], view.ids[view.asking],
                                             view.first_alone),
 }
-assert tuple(SIGNALS) == BUDGET_SIGNALS
+assert tuple(SIGNALS) + STAGE_SIGNALS == BUDGET_SIGNALS
 
 _recorded: list[dict[str, float]] | None = None
 
@@ -130,6 +136,16 @@ def resolve(spec: float | AutoRatio, at, check, rows) -> tuple[float, float | No
         view.attention = attention
         _recorded.append({**{name: fn(view) for name, fn in SIGNALS.items()}, "ratio": ratio})
     return ratio, value
+
+
+def after_stage_one(spec: float | AutoRatio, asked) -> tuple[float | AutoRatio, float | None]:
+    """The ratio a two-stage blend's stage 2 uses, and the signal it came from: a ``STAGE_SIGNALS``
+    policy's pick from stage 1's score ``asked`` (a ``DraftScore``: its ``margins``); anything else
+    passes through, with None (a check-layer policy resolves at stage 2's check layer)."""
+    if not isinstance(spec, AutoRatio) or spec.signal not in STAGE_SIGNALS:
+        return spec, None
+    value = 1.0 - min(asked.margins)  # draft_doubt
+    return spec.ratio(value), value
 
 
 def _view(at, check, rows) -> CheckView:
