@@ -13,7 +13,8 @@ prefill gets right is lost". Then gated policies: run ``--base``; when its first
 below a threshold, run ``--escalate`` too and answer from it. The cost counts both passes: the
 mean recomputed share is base's plus escalate's on the requests escalated. Thresholds are fitted
 on the first file (the development split) at every escalated share in ``--shares``, then applied
-unchanged to the others (reporting splits).
+unchanged to the others (reporting splits); ``--thresholds`` gives them instead (one threshold for
+several development sets of one model).
 
 ``--signal draft_margin --choose``: an adaptive budget rather than a gate. A draft selector's stage
 1 decodes full reuse's answer before stage 2 picks what to recompute, so how sure full reuse was of
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--choose", action="store_true",
                     help="the signal picks which one method runs (read from --escalate's rows), instead of gating a second")
     ap.add_argument("--shares", default=SHARES, help="shares of the first file's requests to escalate, comma-separated")
+    ap.add_argument("--thresholds", default=None, help="the signal's thresholds, comma-separated (instead of --shares)")
     args = ap.parse_args(argv)
     if args.quick:
         args.runs = [str(QUICK_INPUT)]
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     source = args.escalate if args.choose else args.base  # the rows the signal is read from
     if dev[source].get(args.signal, [None])[0] is None:
         raise SystemExit(f"{args.runs[0]}: {source} has no {args.signal} (it drafts nothing, or the run predates it)")
-    thresholds = [fit(dev, source, float(s), args.signal) for s in args.shares.split(",")]
+    thresholds = ([float(t) for t in args.thresholds.split(",")] if args.thresholds else
+                  [fit(dev, source, float(s), args.signal) for s in args.shares.split(",")])
     out = {}
     for path, run in runs.items():
         rows = run["questions"]

@@ -27,7 +27,9 @@ files; development data only):
   reproduces (docs/RECORD-GAP.md). ``"nb1 draft-only T last3 gap x"`` (T in 12, 16, 24): the same
   with a draft of T tokens (``draft_tokens=T``); ``"nb1 draft-only 8 last3 gap x P%"`` (P in 5, 10,
   20, 30, 50): the default at P% instead of 15%, what an adaptive budget picks among
-  (benchmarks/gate_eval.py ``--choose``). ``"... gap W"``:
+  (benchmarks/gate_eval.py ``--choose``); ``"nb1 draft+gap auto LO-HI% <M"``: the adaptive budget
+  that picks between them (``auto_signal="draft_doubt"``): HI% where full reuse's draft has a token
+  it is less than M sure of (``BlendStats.draft_margin`` below M), LO% elsewhere. ``"... gap W"``:
   W x the draft's rank plus (1 - W) x the gap's rank.
 - ``"nb1 lexical gap"``: the named chunk whole, the rest of 15% by the gap instead of deviation
   (``"nb1 lexical"``'s control).
@@ -35,6 +37,7 @@ files; development data only):
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass, field, replace
 
@@ -129,6 +132,10 @@ def register() -> None:
     for percent in (5, 10, 20, 30, 50):  # the default at other budgets (an adaptive budget's choices)
         select_eval.METHODS[f"nb1 draft-only 8 last3 gap x {percent}%"] = (
             replace(drafting, selector="draft+gap", draft_tokens=8, ratios=(percent / 100,)), None)
+    for lo, hi, margin in itertools.product((5, 10), (20, 30), (0.05, 0.1, 0.15, 0.2, 0.3)):  # the adaptive budget
+        select_eval.METHODS[f"nb1 draft+gap auto {lo}-{hi}% <{margin:g}"] = (replace(
+            drafting, selector="draft+gap", draft_tokens=8, auto_budget=True, auto_signal="draft_doubt",
+            auto_min_ratio=lo / 100, auto_max_ratio=hi / 100, auto_threshold=1 - margin), None)
     for w in (0.25, 0.5, 0.75):
         select_eval.METHODS[f"nb1 draft-only 8 last3 gap {w}"] = (drafting, DraftRankGapSelector("last_third", tokens=8,
                                                                                                 weight=w))
