@@ -539,7 +539,11 @@ def main(argv: list[str] | None = None) -> None:
         print(table(merged, count))
         meta = dict(runs[0]["meta"], split=splits, start=min(r["meta"].get("start", 0) for r in runs), count=count,
                     merged=args.merge)
-        record.write(args.run_file, {"meta": meta, "methods": merged})
+        out = {"meta": meta, "methods": merged}
+        if all("questions" in r for r in runs):  # every question's row, in the runs' order, for the methods all have
+            out["questions"] = {m: {k: [x for r in runs for x in r["questions"][m][k]] for k in runs[0]["questions"][m]}
+                                for m in merged}
+        record.write(args.run_file, out)
         return
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
