@@ -511,9 +511,9 @@ def test_gate_eval_quick_and_its_policies(quick_run):
     finally:
         sys.path.remove(str(BENCH))
     rows = {"full prefill": {"right": [1.0, 1.0, 0.0], "agree": [True] * 3, "kl": [0.0] * 3, "share": [1.0] * 3,
-                             "margin": [0.9] * 3, "margin_min": [0.9] * 3},
+                             "margin": [0.9] * 3, "margin_min": [0.9] * 3, "f1": [1.0] * 3},
             "b": {"right": [0.0, 1.0, 0.0], "agree": [False, True, True], "kl": [0.3, 0.1, 0.1], "share": [0.2] * 3,
-                  "margin": [0.1, 0.8, 0.5], "margin_min": [0.1, 0.6, 0.5]}}
+                  "margin": [0.1, 0.8, 0.5], "margin_min": [0.1, 0.6, 0.5], "f1": [0.0, 1.0, 1.0]}}
     rows["nb1 reuse"] = dict(rows["b"], share=[0.1] * 3)
     none, low, every = (gate(rows, "b", "full prefill", t) for t in (0.0, 0.3, 2.0))
     assert (none["kept"], none["agree"], none["share"]) == (1, 2, 0.2)
@@ -522,6 +522,12 @@ def test_gate_eval_quick_and_its_policies(quick_run):
     assert (every["kept"], every["agree"], every["kl"]) == (2, 3, 0.0)
     assert auc([0.9, 0.1], [True, False]) == 1.0 and auc([0.5, 0.5], [True, False]) == 0.5
     assert auc([1.0], [True]) is None
+    # --choose: the escalation's draft margin picks one method per request, which costs its own share
+    rows["e"] = dict(rows["full prefill"], share=[0.4] * 3, draft_margin=[0.02, 0.5, 0.04])
+    chose = gate(rows, "b", "e", 0.05, "draft_margin", choose=True)
+    assert (chose["escalated"], chose["kept"], chose["agree"]) == (2 / 3, 2, 3)  # requests 1 and 3 run e
+    assert abs(chose["share"] - 1.0 / 3) < 1e-9 and abs(chose["kl"] - 0.1 / 3) < 1e-9  # (.4 + .2 + .4) / 3
+    assert chose["f1"] == 1.0 and abs(none["f1"] - 2 / 3) < 1e-9
 
 
 def test_select_eval_asks_a_base_model_for_a_completion(tiny_model_dir, base_model_dir):
@@ -642,10 +648,11 @@ def test_select_eval_merges_runs_of_one_dataset_over_both_splits_and_refuses_ano
     finally:
         sys.path.remove(str(BENCH))
 
-    def run(name, split, count, methods, dataset="musique_s"):
+    def run(name, split, count, methods, dataset="musique_s", questions=None):
         path = tmp_path / name
         path.write_text(json.dumps({"run": {"model": "smollm2-135m-instruct"}, "methods": methods,
-                                    "meta": {"dataset": dataset, "split": split, "start": 0, "count": count}}))
+                                    "meta": {"dataset": dataset, "split": split, "start": 0, "count": count},
+                                    **({"questions": questions} if questions else {})}))
         return str(path)
 
     def method(f1, kl):
@@ -660,8 +667,19 @@ def test_select_eval_merges_runs_of_one_dataset_over_both_splits_and_refuses_ano
     assert (data["meta"]["split"], data["meta"]["count"], data["meta"]["merged"]) == ("dev+report", 150, [dev, rep])
     assert list(data["methods"]) == ["full prefill", "a"]
     assert data["methods"]["a"]["f1"] == pytest.approx(0.8) and data["methods"]["a"]["kl"] == pytest.approx(0.02)
+    assert "questions" not in data  # the runs keep no rows per question: none to merge
     with pytest.raises(SystemExit, match="one dataset"):
         select_eval.main(["--merge", dev, run("facts.json", "report", 60, {"full prefill": one}, "facts")])
+    # rows per question in every part: kept, in the parts' order; a measure one part lacks (an older
+    # run's) is left out of the means
+    rows = lambda f1: {"full prefill": {"f1": [1.0] * 2}, "a": {"f1": f1}}  # noqa: E731
+    first = run("first.json", "dev", 2, {"full prefill": one, "a": dict(method(0.5, 0.1), draft_margin=0.3)},
+                questions=rows([0.4, 0.6]))
+    second = run("second.json", "dev", 2, {"full prefill": one, "a": method(0.7, 0.1)}, questions=rows([0.9, 0.5]))
+    select_eval.main(["--merge", first, second, "--run-file", str(out)])
+    data = json.loads(out.read_text())
+    assert data["questions"]["a"]["f1"] == [0.4, 0.6, 0.9, 0.5] and len(data["questions"]["full prefill"]["f1"]) == 4
+    assert "draft_margin" not in data["methods"]["a"] and data["methods"]["a"]["f1"] == pytest.approx(0.6)
 
 
 def test_chunk_oracle_recomputes_one_passage_and_picks_the_closest():
