@@ -97,6 +97,7 @@ def test_documents_are_warmed_after_their_first_use_off_its_path_and_reused_in_a
     full = _chat(client, "Who dug the spring?", extra_body={"documents": docs[::-1], "recompute_ratio": 1.0})
     assert full.usage.prompt_tokens_details.cached_tokens == 0 and full.usage.cacheblend["recompute_ratio"] == 1.0
     assert second.usage.cacheblend["budget_signal"] is None  # a fixed ratio
+    assert second.usage.cacheblend["draft_margin"] is None  # deviation drafts nothing
     auto = _chat(client, "Who dug the spring?", extra_body={"documents": docs, "recompute_ratio": "auto"})
     cfg, use = tiny_engine.config, auto.usage.cacheblend
     assert use["chunk_hits"] == 3 and use["budget_signal"] is not None

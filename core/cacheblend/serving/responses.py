@@ -26,6 +26,7 @@ def usage(stats: BlendStats) -> dict:
             "head_tokens": stats.head_tokens,  # the prompt's head read from the head cache (part of cached_tokens)
             "recompute_ratio": stats.recompute_ratio,  # with "auto": the ratio chosen for this request
             "budget_signal": stats.budget_signal,  # ... and the signal that chose it (None otherwise)
+            "draft_margin": stats.draft_margin,  # how sure full reuse was of a draft selector's draft (None: no draft)
         },
     }
 
