@@ -9,7 +9,8 @@ accuracy (greedy short answer contains the gold string), agreement (the same ans
 prefill), mean KL(full || method) over the full-prefill answer's tokens, recomputed share, and
 the median ratio of its prefill time to full prefill's (short prompts: a rough guide only). The run
 file also keeps every question's row per method (``questions``: the measures, the blend's margins,
-a draft's least sure token's margin (``BlendStats.draft_margin``) and its answer text), which benchmarks/gate_eval.py reads and a reader can inspect answer by answer.
+a draft's least sure token's margin (``BlendStats.draft_margin``) and its answer text), which
+benchmarks/gate_eval.py reads and a reader can inspect answer by answer.
 
 ``--pool corpus`` (MuSiQue): the ``nbK`` engines pick neighbours among every passage of the
 file's prompts (all 150 examples' six), not only the run's: a passage is then less often warmed

@@ -155,7 +155,8 @@ def test_draft_doubt_picks_the_budget_after_the_draft(make_engine, family):
     req = engine.request(chunks=[CHUNKS[i] for i in (2, 0, 1)], query="Which star?")
     fixed = {r: engine.prefill(req, config=engine.config.with_ratio(r)) for r in (0.0, 0.1, 0.4)}
     doubt = 1.0 - fixed[0.1].stats.draft_margin
-    auto_cfg = replace(engine.config, auto_budget=True, auto_signal="draft_doubt", auto_min_ratio=0.1, auto_max_ratio=0.4)
+    auto_cfg = replace(engine.config, auto_budget=True, auto_signal="draft_doubt", auto_min_ratio=0.1,
+                       auto_max_ratio=0.4)
     for threshold, ratio in ((doubt - 1e-3, 0.4), (doubt + 1e-3, 0.1), (-math.inf, 0.4)):
         got = engine.prefill(req, config=replace(auto_cfg, auto_threshold=threshold))
         same_output(got.output, fixed[ratio].output)
