@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from cacheblend import BlendEngine, shared_engine
-    from cacheblend.config import BUDGET_SIGNALS
+    from cacheblend.blending.budget import SIGNALS as CHECK_SIGNALS  # a check layer's (not a draft's: ADAPTIVE-BUDGET.md)
     from select_eval import examples
 
     torch.manual_seed(0)
@@ -312,11 +312,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"warmed in {time.time() - started:.0f} s", flush=True)
     refs: dict = {}
     rows = [r for name, qs in qs_by_set.items() for r in request_rows(engine, name, qs, ratios, args.answer_tokens, refs, print)]
-    signals = [*BUDGET_SIGNALS, *STAGE1]
+    signals = [*CHECK_SIGNALS, *STAGE1]
     aucs = auc_table(rows, signals)
     fixed, fitted = curves(rows, ratios, signals, bounds) if args.split == "dev" else (curves(rows, ratios, [], [])[0], {})
     if not policies and args.split == "dev":
-        best = max(BUDGET_SIGNALS, key=lambda s: aucs[s]["pooled"] or 0)  # the cheap signals only
+        best = max(CHECK_SIGNALS, key=lambda s: aucs[s]["pooled"] or 0)  # the cheap signals only
         policies = [(best, lo, hi, fitted[f"auto {best} {lo:g}-{hi:g}"]["threshold"]) for lo, hi in bounds
                     if f"auto {best} {lo:g}-{hi:g}" in fitted and math.isfinite(fitted[f"auto {best} {lo:g}-{hi:g}"]["threshold"])]
     real = run_policies(engine, qs_by_set, rows, policies, args.answer_tokens, refs, print)

@@ -129,9 +129,9 @@ def test_with_one_record_per_chunk_draft_gap_is_the_draft(make_engine, one):
     assert torch.equal(gapped.output.logits, draft.output.logits)
 
 
-def test_draft_gap_refuses_the_auto_budget_and_sinks_forward_it():
-    with pytest.raises(ValueError, match="selector 'draft\\+gap' has none"):
-        BlendConfig(selector="draft+gap", auto_budget=True)
+def test_draft_gap_refuses_a_check_layers_auto_budget_and_sinks_forward_it():
+    with pytest.raises(ValueError, match="auto_signal 'deviation' does not fit selector 'draft\\+gap'"):
+        BlendConfig(selector="draft+gap", auto_budget=True)  # a check layer's signal: its stage 2 has none
     wrapped = make_selector(BlendConfig(selector="draft+gap", sinks=2))
     assert isinstance(wrapped, SinkSelector) and wrapped.needs_gap
     assert not make_selector(BlendConfig(selector="draft")).needs_gap
