@@ -207,7 +207,9 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     if score.device.type == "cuda":
         torch.cuda.synchronize(score.device)
     first_stage_s = time.perf_counter() - started
-    ratio, signal = after_stage_one(ratio, asked)  # an auto budget that reads stage 1 picks here
+    margins = getattr(asked, "margins", None)  # a drafted answer's (``draft.py``)
+    draft_margin = min(margins) if margins else None
+    ratio, signal = after_stage_one(ratio, draft_margin)  # an auto budget that reads stage 1 picks here
     base = [(k[0], v[0]) for k, v in first.kv]  # [Hkv,N,d] views of stage 1's caches, written in place
     if getattr(selector, "at_check_layers", False):
         out = _blend(model, inp, selector, schedule, fresh_check, base=base, question_score=score, restart=inp.restart,
@@ -220,8 +222,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     out.first_stage_s = first_stage_s
     if signal is not None:
         out.ratio, out.budget_signal = ratio, signal
-    margins = getattr(asked, "margins", None)  # a drafted answer's (``draft.py``)
-    out.draft_margin = min(margins) if margins else None
+    out.draft_margin = draft_margin
     return out
 
 

@@ -138,13 +138,14 @@ def resolve(spec: float | AutoRatio, at, check, rows) -> tuple[float, float | No
     return ratio, value
 
 
-def after_stage_one(spec: float | AutoRatio, asked) -> tuple[float | AutoRatio, float | None]:
+def after_stage_one(spec: float | AutoRatio,
+                    draft_margin: float | None) -> tuple[float | AutoRatio, float | None]:
     """The ratio a two-stage blend's stage 2 uses, and the signal it came from: a ``STAGE_SIGNALS``
-    policy's pick from stage 1's score ``asked`` (a ``DraftScore``: its ``margins``); anything else
-    passes through, with None (a check-layer policy resolves at stage 2's check layer)."""
+    policy's pick from stage 1's ``draft_margin`` (its draft's least sure token's margin); anything
+    else passes through, with None (a check-layer policy resolves at stage 2's check layer)."""
     if not isinstance(spec, AutoRatio) or spec.signal not in STAGE_SIGNALS:
         return spec, None
-    value = 1.0 - min(asked.margins)  # draft_doubt
+    value = 1.0 - draft_margin  # draft_doubt (config refuses it without a draft selector)
     return spec.ratio(value), value
 
 

@@ -89,7 +89,7 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
         cache[:, :, n:] = 0
     propose, lookahead = (guesses, tokens) if callable(guesses) else (prompt_lookup(inp.ids), guesses)
     draft, done, computed = [int(first.logits.argmax())], 0, []  # done: the draft's rows kept
-    margins = token_margins(first.logits[None])
+    margins = [token_margins(first.logits[None])]  # on the device: read back once, after the last pass
     while done < tokens:  # draft[done] is known, its row not computed yet
         room = min(lookahead, tokens - len(draft))
         guess = propose(draft, room)[:room] if room else []
@@ -102,12 +102,12 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
         for layer, q, keys in seen:  # a rejected guess's row is neither scored nor kept
             asked(layer, q[:, :, :kept], keys, positions[:kept])
         draft, done = draft + guess[: kept - 1], done + kept
-        margins += token_margins(logits[:kept])  # the rows that picked the draft's new tokens (and one past it)
+        margins.append(token_margins(logits[:kept]))  # the rows that picked the draft's new tokens (and one past it)
         if len(draft) < tokens:
             draft.append(picks[kept - 1])
         computed.append(positions)
         asked.passes += 1
-    asked.draft, asked.margins = draft, margins[:tokens]
+    asked.draft, asked.margins = draft, torch.cat(margins)[:tokens].tolist()
     drafted = torch.cat(computed)
     first.active_rows = [torch.cat([rows, drafted]) for rows in first.active_rows]
     first.recomputed, first.drafted = first.recomputed + drafted.shape[0], tokens
@@ -136,11 +136,11 @@ def prompt_lookup(ids: torch.Tensor, longest: int = 3) -> Propose:
     return propose
 
 
-def token_margins(logits: torch.Tensor) -> list[float]:
-    """Per row of ``logits`` [m, vocab]: the probability of its likeliest token minus the runner-up's
-    (1: sure; near 0: a toss-up; the doubt gate's ``top_margin``)."""
+def token_margins(logits: torch.Tensor) -> torch.Tensor:
+    """[m] per row of ``logits`` [m, vocab]: the probability of its likeliest token minus the
+    runner-up's (1: sure; near 0: a toss-up; the doubt gate's ``top_margin``)."""
     top = logits.float().softmax(dim=-1).topk(2, dim=-1).values
-    return (top[:, 0] - top[:, 1]).tolist()
+    return top[:, 0] - top[:, 1]
 
 
 def check_tokens(tokens: object) -> None:

@@ -23,7 +23,7 @@ from ..blending.draft import token_margins
 def top_margin(logits: torch.Tensor) -> float:
     """How sure the model is of its next token: the probability of the likeliest minus the
     second's, from logits [vocab] (pure; ``draft.token_margins`` of one row)."""
-    return token_margins(logits[None])[0]
+    return float(token_margins(logits[None])[0])
 
 
 @dataclass(frozen=True)
