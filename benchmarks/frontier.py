@@ -40,6 +40,16 @@ def family(name: str) -> tuple[str, float]:
             warm += " for every chunk" if m.group(2) else ", first chunk's KV warmed alone"
         ratio = 0.0 if m.group(3) == "reuse" else int(m.group(4) or 15) / 100
         return f"deviation, {warm}", ratio
+    m = re.fullmatch(r"nb1 draft-only 8 last3( gap x)?(?: (\d+)%)?", name)
+    if m:  # SmolLM2's default since stop 61 (gap x), the draft alone its default at stops 57-60
+        label = "draft+gap (SmolLM2's default)" if m.group(1) else "draft"
+        return f"{label}, default warming", int(m.group(2) or 15) / 100
+    m = re.fullmatch(r"nb1 draft\+gap auto (\d+)-(\d+)% <[\d.]+", name)
+    if m:  # one point: the budget the draft's margin picks per request (docs/ADAPTIVE-BUDGET.md)
+        return f"draft+gap, budget by the draft's margin ({m.group(1)}-{m.group(2)}%, auto)", 0.15
+    m = re.fullmatch(r"nb1 lexical\+question (\d+)%", name)
+    if m:  # Qwen's default since stop 42
+        return "lexical+question (Qwen's default), default warming", int(m.group(1)) / 100
     names = {
         "chunk_start": "chunk start, warmed alone (EPIC)",
         "random": "random, warmed alone",

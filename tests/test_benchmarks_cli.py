@@ -636,6 +636,11 @@ def test_frontier_panel_merges_runs_over_the_same_questions_and_refuses_others(t
     assert family("nb1 deviation 5%")[1] == 0.05
     named = family("nb1 lexical named")  # the named chunk's budget and its capped variants: one curve
     assert named[1] == 0.3 and family("nb1 lexical named max15") == (named[0], 0.15)
+    default = family("nb1 draft-only 8 last3 gap x")  # SmolLM2's default and its ratios: one curve, not the draft's
+    assert default[1] == 0.15 and family("nb1 draft-only 8 last3 gap x 30%") == (default[0], 0.3)
+    assert family("nb1 draft-only 8 last3")[0] != default[0]
+    assert family("nb1 draft+gap auto 10-30% <0.05")[0] not in (default[0], "nb1 draft+gap auto 10-30% <0.05")
+    assert family("nb1 lexical+question 8%")[1] == 0.08
 
 
 def test_select_eval_merges_runs_of_one_dataset_over_both_splits_and_refuses_another_dataset(tmp_path):
@@ -762,6 +767,27 @@ def test_figures_every_marker_names_a_committed_file_and_the_readme_has_no_unmar
     assert "README.md:" in listing.stdout and "docs/runs/exact_prompts.json (ok)" in listing.stdout
     strict = _run([sys.executable, str(BENCH / "figures.py"), "--strict", "README.md"], timeout=60)
     assert strict.returncode == 0, strict.stdout
+
+
+def test_the_readme_benches_ran_each_model_s_current_default():
+    """``docs/bench_*.json`` (``cacheblend bench``'s tables in the README) describe the product as it
+    ships: each records the config its blended rows ran, which must be its model's default today. A
+    default changed without running its benches again fails here (the pydoc table described the
+    previous default from stop 57 to stop 63)."""
+    from dataclasses import asdict
+
+    from cacheblend.config import BlendConfig
+
+    benches = sorted((ROOT / "docs").glob("bench_*.json"))
+    written = [p for p in benches if "rows" in json.loads(p.read_text()) and "meta" in json.loads(p.read_text())]
+    assert {p.name for p in written} >= {"bench_pydoc.json", "bench_musique.json", "bench_pydoc_qwen.json",
+                                         "bench_musique_qwen.json"}
+    for path in written:
+        meta = json.loads(path.read_text())["meta"]
+        assert "config" in meta, f"{path.name}: run before benches recorded their config; run it again"
+        default = json.loads(json.dumps(asdict(BlendConfig.for_model(meta["model"]))))
+        changed = {k: (v, default.get(k)) for k, v in meta["config"].items() if default.get(k) != v}
+        assert not changed, f"{path.name} ran {meta['model']} with (ran, default now) {changed}: run it again"
 
 
 def test_figures_fails_on_a_missing_run_file_and_on_an_unmarked_figure_when_strict(tmp_path):

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from .cliargs import DEMO_QUESTIONS, demo_dir, parser
@@ -245,7 +246,7 @@ def cmd_bench(args) -> int:
     title = f"{title}: {len(examples)} prompts of {args.chunks} chunks (~{n_tokens} tokens), {engine.name}, {engine.adapter.device}"
     rates = bench.throughput(engine, examples, rows)
     record.model = engine.name
-    meta = {**record.meta(), "args": vars(args) | {"func": None},
+    meta = {**record.meta(), "args": vars(args) | {"func": None}, "config": asdict(engine.config),
             "seconds": time.perf_counter() - started, "throughput": rates}
     print("\n" + bench_table.save(rows, out, title, meta))
     print(f"\nwarming {rates['warming_tokens_per_s']:.0f} chunk tokens/s ({rates['warming_computed_tokens_per_s']:.0f} "

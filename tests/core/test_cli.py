@@ -4,8 +4,11 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
+
+from cacheblend.config import BlendConfig
 
 pytestmark = pytest.mark.real_model
 
@@ -59,7 +62,10 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     # each warming in its own folder: no store holding only the other's records, so no warning about one
     assert (tmp_path / "b" / "store").is_dir() and (tmp_path / "b" / "store-alone").is_dir()
     assert "StoreWarning" not in err, err[-2000:]
-    rows = json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]
+    saved = json.loads((tmp_path / "b" / "bench.json").read_text())
+    rows = saved["rows"]
+    # the config its "cacheblend" rows ran (at each ratio): the model's default, so a README table can be checked against it
+    assert saved["meta"]["config"] == json.loads(json.dumps(asdict(BlendConfig.for_model(saved["meta"]["model"]))))
     by = {r["method"]: r for r in rows}
     alone = {"CacheBlend 15% (chunks warmed alone)", "EPIC chunk start 15% (alone)"}  # the default warms behind neighbours
     assert set(by) == {"full prefill", "prefix caching", "full reuse", "cacheblend 15%", "full reuse (chunks warmed alone)"} | alone
