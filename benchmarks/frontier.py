@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = [panel(path) for path in paths]
     record.model = ", ".join(sorted({r.get("run", {}).get("model") or "smollm2-135m-instruct (before run files)" for r in runs}))
     labels = sorted({family(n)[0] for data in runs for n in data["methods"] if n != "full prefill"})
-    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}  # one colour per method in every panel
+    hues = [plt.get_cmap("tab20")(i) for i in [*range(0, 20, 2), *range(1, 20, 2)]]  # ten hues, then their light shades
+    colours = {label: hues[i % 20] for i, label in enumerate(labels)}  # one colour per method in every panel
     wide = len(paths) > 1
     fig, axes = plt.subplots(2, len(paths), figsize=(max(5.2 * len(paths), 7.5), 8.2 if wide else 9.4), squeeze=False)
     for col, data in enumerate(runs):
