@@ -779,7 +779,7 @@ def test_the_readme_benches_ran_each_model_s_current_default():
     from cacheblend.config import BlendConfig
 
     runs = {p.name: json.loads(p.read_text()) for p in sorted((ROOT / "docs").glob("bench_*.json"))}
-    written = {name: run["meta"] for name, run in runs.items() if "meta" in run}  # bench_serve.json is another script's
+    written = {name: run["meta"] for name, run in runs.items() if "meta" in run}
     assert set(written) >= {"bench_pydoc.json", "bench_musique.json", "bench_pydoc_qwen.json", "bench_musique_qwen.json"}
     for name, meta in written.items():
         assert "config" in meta, f"{name}: run before benches recorded their config; run it again"
