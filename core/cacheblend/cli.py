@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .cliargs import DEMO_QUESTIONS, demo_dir, parser
+from .cliargs import DEMO_QUESTIONS, blend_config, demo_dir, parser
 from .serving.command import cmd_serve
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -34,12 +34,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _engine(args, store_dir, warm_on_miss: bool = False):
-    from .config import BlendConfig
     from .engine import BlendEngine
 
     t = time.perf_counter()
     dtype = getattr(args, "dtype", None)
-    config = BlendConfig.for_model(args.model, neighbours=args.neighbours, doubt_margin=args.doubt_margin)
+    config = blend_config(args)
     engine = BlendEngine.from_pretrained(args.model, device=args.device, dtype=dtype, store_dir=store_dir, config=config,
                                          warm_on_miss=warm_on_miss)
     print(f"model {engine.name} loaded in {time.perf_counter() - t:.1f}s ({engine.adapter.device})")

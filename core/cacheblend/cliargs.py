@@ -13,7 +13,6 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .serving.command import DEFAULT_STORE
 
 DESCRIPTION = """The ``cacheblend`` command: demo, warm, ask, bench.
 
@@ -33,6 +32,8 @@ DEMO_QUESTIONS = [
     "How does the for statement iterate over a sequence or iterator?",
     "How does a try statement with a finally clause behave?",
 ]
+
+DEFAULT_STORE = Path("~/.cache/cacheblend/serve-store")  # serve --store's default
 
 DEMO_DIR_HELP = " (default .cacheblend/demo; another model: .cacheblend/demo-MODEL)"
 
@@ -76,17 +77,30 @@ def model_arg(sp) -> None:
 
 def config_args(sp) -> None:
     """``--neighbours K``: how many similar passages each chunk is warmed behind (BlendConfig.neighbours);
-    ``--doubt-margin M``: the doubt gate (BlendConfig.doubt_margin; None keeps the model's), both
-    passed to ``BlendConfig.for_model``."""
-    from .config import BlendConfig
+    ``--doubt-margin M``: the doubt gate (BlendConfig.doubt_margin); ``--selector S``: which reused tokens
+    are recomputed (BlendConfig.selector). None keeps the model's; ``blend_config`` reads them."""
+    from .config import SELECTORS, BlendConfig
 
     default = BlendConfig().neighbours
+    sp.add_argument("--selector", choices=SELECTORS, default=None, metavar="NAME",
+                    help="which reused tokens are recomputed (default: the model's; SmolLM2's draft+gap drafts 8 "
+                         "tokens first, which short prompts feel most: deviation is CacheBlend's, faster there). "
+                         "Another selector than the model's runs at the fixed ratio, without the model's "
+                         f"adaptive budget. One of: {', '.join(SELECTORS)}")
     sp.add_argument("--neighbours", type=int, default=default,
                     help=f"warm each chunk behind its K most similar passages (default {default}; 0: alone)")
     sp.add_argument("--doubt-margin", type=float, default=None, metavar="M",
                     help="the doubt gate: where the answer's next token is this unsure (its probability above the "
                          "runner-up's by less than M), prefill the prompt in full and decode on from there "
                          "(default: the model's; 0: off; docs/DOUBT-GATE.md)")
+
+
+def blend_config(args: argparse.Namespace):
+    """The ``BlendConfig`` of a command's ``config_args`` flags for its ``--model``."""
+    from .config import BlendConfig
+
+    return BlendConfig.for_model(args.model, neighbours=args.neighbours, doubt_margin=args.doubt_margin,
+                                 selector=args.selector)
 
 
 def _index_args(sp, demo: bool = False) -> None:

@@ -64,9 +64,8 @@ class BlendConfig:
         neighbours: how many similar passages each chunk is warmed behind (after the chunk context),
             0 for none (CacheBlend's own warming). Chunks computed behind a passage like them blend
             much closer to full prefill (``cacheblend.neighbours``; 1 was chosen on development facts, 2
-            no better, 4 worse, confirmed on the reporting splits: docs/TUNING.md); warming costs about
-            twice as long. Part of the fingerprint: such KV never mixes
-            with KV warmed alone, and is reused wherever the chunk lands (its K is stored before RoPE).
+            no better, 4 worse, confirmed on the reporting splits: docs/TUNING.md); warming costs about twice
+            as long. In the fingerprint: never mixed with KV warmed alone; reused wherever the chunk lands.
         lead_alone: with ``neighbours`` > 0, each chunk's KV is also kept as computed behind the
             chunk context alone (a second record, the ``lead`` variant), and the prompt's first chunk
             reads that one: nothing but the prompt's head precedes it, so KV that has seen a
@@ -81,8 +80,7 @@ class BlendConfig:
         query_weight: weight of the query rank against the deviation rank in ``query+deviation``.
         sinks: the first ``sinks`` tokens of every chunk are recomputed before any other (EPIC's
             attention sinks), with ``deviation``, ``query`` and ``query+deviation``.
-        fresh_check: keep the fresh K/V of every row at a check layer (they are computed there
-            anyway), not only of the selected rows. No effect with ``question``.
+        fresh_check: keep the fresh K/V of every row at a check layer (computed there anyway), not only the selected rows'.
         question_layers: which layers' question attention ``question`` and ``draft`` fuse: ``all``,
             ``last_third`` (the last ceil(L/3) layers) or ``last`` (the last layer alone).
         draft_tokens: how many greedy tokens the ``draft`` selector drafts and scores (1-64).
@@ -100,9 +98,8 @@ class BlendConfig:
             One check layer; not with ``question`` or ``draft`` (no check layer runs before their pick)
             but ``auto_signal="draft_doubt"``, which needs ``draft`` or ``draft+gap``: 1 minus how sure
             full reuse was of the draft's least sure token (``BlendStats.draft_margin``). ``ratios``
-            are then unused (``with_ratio(r)`` goes back to them). The defaults (deviation, 5-30%,
-            threshold 0.00096) are fitted on SmolLM2's development data to a mean of 15%; the
-            threshold is model-specific, and auto kept no more answers than the fixed 15% there.
+            are then unused (``with_ratio(r)`` goes back to them). The defaults (deviation, 5-30%, threshold
+            0.00096: a mean of 15% on SmolLM2's development data, where it kept no more answers) are model-specific.
             ``auto_signal="named_share"`` (with ``selector="lexical"``) recomputes exactly the
             chunk the question names most, whole: the ratio is that chunk's share of the reused
             tokens, within the bounds (``auto_min_ratio`` when it names none).
@@ -233,15 +230,18 @@ class BlendConfig:
 
     @classmethod
     def for_model(cls, model: str, **fields) -> BlendConfig:
-        """The config ``model`` starts from: for a catalogue alias, the fields its reporting splits
-        chose (``models/catalog.py``, ``CatalogModel.blend``: Qwen 0.5B recomputes the chunk the question
-        names, else what it attends to: docs/QUESTION-SELECTOR.md), else the package default; ``fields`` override
-        either (``BlendConfig.for_model("qwen2.5-0.5b-instruct", neighbours=0)``), but for those
-        given as None (a command-line flag left out), which keep the model's."""
+        """The config ``model`` starts from: for a catalogue alias, the fields its reporting splits chose
+        (``models/catalog.py``, ``CatalogModel.blend``), else the package default; ``fields`` override either
+        (``for_model("qwen2.5-0.5b-instruct", neighbours=0)``) but for those given as None (a flag left
+        out). A ``selector`` other than the model's drops the model's adaptive budget (its ``auto_``
+        fields, tuned to its own selector): it runs at the fixed ratio unless ``fields`` set one."""
         from .models.catalog import MODELS
 
         chosen = dict(MODELS[model].blend) if model in MODELS else {}
-        return cls(**(chosen | {k: v for k, v in fields.items() if v is not None}))
+        given = {k: v for k, v in fields.items() if v is not None}
+        if given.get("selector", chosen.get("selector")) != chosen.get("selector", cls.selector):
+            chosen = {k: v for k, v in chosen.items() if not k.startswith("auto_")}
+        return cls(**(chosen | given))
 
     def check_model_layers(self, num_layers: int) -> None:
         """ValueError when a check layer is past the last layer of a ``num_layers``-layer model."""

@@ -210,6 +210,40 @@ def test_converted_qwen_equals_the_gguf_loaded_model_and_keeps_its_chat_template
     assert "Paris" in tok.decode(answer)
 
 
+def test_another_selector_than_the_models_runs_at_the_fixed_ratio_and_every_command_takes_one(capsys):
+    """``--selector`` (every command, through ``cliargs.blend_config``) and ``for_model(selector=...)``:
+    a selector other than the model's drops the model's adaptive budget, which its fields tuned to
+    its own selector (Qwen's named share with deviation would recompute the named chunk's share by
+    deviation, which nothing measured), and keeps the model's other fields; the model's own
+    selector keeps the budget, a budget given with another has the package's bounds; a name that is
+    no selector exits 2."""
+    from cacheblend import BlendConfig
+    from cacheblend.cli import _parser
+    from cacheblend.cliargs import blend_config
+
+    qwen = BlendConfig.for_model("qwen2.5-0.5b-instruct")
+    cacheblend_s = BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="deviation")
+    assert (cacheblend_s.selector, cacheblend_s.auto_budget, cacheblend_s.recompute_ratio) == ("deviation", False, 0.15)
+    assert cacheblend_s.question_layers == qwen.question_layers == "last_third"
+    assert BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="lexical+question") == qwen
+    kept = BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="lexical", auto_budget=True, auto_signal="named_share")
+    default = BlendConfig()  # a budget given with another selector: the package's bounds, not Qwen's tuned ones
+    assert (kept.auto_budget, kept.auto_min_ratio, kept.auto_max_ratio) == (True, default.auto_min_ratio, default.auto_max_ratio)
+    commands = (["demo"], ["warm", "docs", "--dir", "d"], ["ask", "q", "--dir", "d"], ["bench"], ["serve"])
+    for command in commands:
+        for model in ("smollm2-135m-instruct", "qwen2.5-0.5b-instruct", "/a/local/folder"):
+            args = _parser().parse_args([*command, "--model", model])
+            assert args.selector is None and blend_config(args) == BlendConfig.for_model(model), (command, model)
+        args = _parser().parse_args([*command, "--model", "qwen2.5-0.5b-instruct", "--selector", "deviation"])
+        assert blend_config(args) == cacheblend_s
+        args = _parser().parse_args([*command, "--selector", "deviation", "--doubt-margin", "0.02"])
+        want = BlendConfig.for_model("smollm2-135m-instruct", selector="deviation", doubt_margin=0.02)  # the bundled model
+        assert blend_config(args) == want and want.question_layers == "last_third" and want.doubt_margin == 0.02
+        with pytest.raises(SystemExit) as exit_:
+            _parser().parse_args([*command, "--selector", "deviaton"])
+        assert exit_.value.code == 2 and "invalid choice: 'deviaton'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["demo", "bench", "serve"])
 def test_every_command_takes_each_alias_and_lists_them(command, capsys):
     from cacheblend.cli import _parser, demo_dir

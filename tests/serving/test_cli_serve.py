@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from cacheblend.cli import _parser
-from cacheblend.serving.command import DEFAULT_STORE, bind
+from cacheblend.cliargs import DEFAULT_STORE
+from cacheblend.serving.command import bind
 from cacheblend.tools.serve_process import CLEAN_STOP, ServeProcess
 
 
@@ -90,6 +91,21 @@ def test_serve_process_warms_into_its_disk_store(tiny_model_dir, tmp_path):
         assert httpx.post(url + "/v1/documents", json={"documents": [TEXT]}).json()["warmed"] == 1
         assert list(store.rglob("*.safetensors")), "no KV file written to the store"
         assert ask(url)["cacheblend"]["chunk_hits"] == 1
+
+
+def test_serve_runs_the_selector_it_is_given(tiny_model_dir, tmp_path):
+    """``--selector draft``: the server's blends draft an answer first (a first stage, a draft margin in
+    every response's usage); the tiny model's default (deviation, as for every model the catalogue
+    does not name) runs none."""
+    for extra, drafted in (((), False), (("--selector", "draft"), True)):
+        logs = tmp_path / ("draft" if drafted else "default")
+        logs.mkdir()
+        with serve_processes(tiny_model_dir, "none", logs, extra=extra) as (url,):
+            assert httpx.post(url + "/v1/documents", json={"documents": [TEXT]}).json()["warmed"] == 1
+            usage = ask(url)
+        ours = usage["cacheblend"]
+        assert ours["chunk_hits"] == 1 and usage["prompt_tokens_details"]["cached_tokens"] > 0
+        assert (ours["first_stage_tokens"] > 0, ours["draft_margin"] is not None) == (drafted, drafted), usage
 
 
 DOCS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-DEFAULT_STORE = Path("~/.cache/cacheblend/serve-store")  # --store's default
+from ..cliargs import blend_config
 
 
 def cmd_serve(args) -> int:
@@ -26,10 +26,7 @@ def _serve(args, sock: socket.socket) -> None:
 
     remote = is_shared_location(args.store)  # a server every replica reads, whatever its scheme
     store = None if args.store.lower() == "none" else args.store if remote else Path(args.store).expanduser()
-    from ..config import BlendConfig
-
-    config = BlendConfig.for_model(args.model, neighbours=args.neighbours, doubt_margin=args.doubt_margin)
-    engine = BlendEngine.from_pretrained(args.model, device=args.device, config=config)
+    engine = BlendEngine.from_pretrained(args.model, device=args.device, config=blend_config(args))
     if store is not None:
         budget = int(args.store_max_gib * 2**30) if args.store_max_gib else None
         if budget is not None and remote:

@@ -27,6 +27,7 @@ def usage(stats: BlendStats) -> dict:
             "recompute_ratio": stats.recompute_ratio,  # with "auto": the ratio chosen for this request
             "budget_signal": stats.budget_signal,  # ... and the signal that chose it (None otherwise)
             "draft_margin": stats.draft_margin,  # how sure full reuse was of a draft selector's draft (None: no draft)
+            "first_stage_tokens": stats.first_stage_tokens,  # rows a two-stage selector's first pass computed (0: none)
         },
     }
 
