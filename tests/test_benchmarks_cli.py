@@ -191,6 +191,18 @@ def test_exact_prompts_quick(quick_run, tiny_model_dir):
         assert 0.9 <= r["reused_langchain"] <= 1.0 and 0.9 <= r["reused_llamaindex"] <= 1.0
 
 
+@quick("draft_verify.py")
+def test_draft_verify_quick(quick_run):
+    """The same prefill decoded with its draft verified and without: the same tokens, the
+    verified picks counted within the answer (the quick run drafts 8 tokens: selector 'draft')."""
+    data = quick_run.data
+    assert data["summary"]["prompts"] == len(data["prompts"]) == 2 and "selector='draft'" in data["config"]
+    for r in data["prompts"]:
+        assert r["drafted"] == 8 and r["same_tokens"] and 0 <= r["verified"] <= r["answer_tokens"] <= 64, r
+        assert r["decode_s"]["verified"] > 0 and r["decode_s"]["plain"] > 0
+    assert data["summary"]["same_tokens"] == 2
+
+
 @quick("store_bench.py")
 def test_store_bench_quick(quick_run):
     res = quick_run.data["results"]

@@ -24,6 +24,10 @@ class BlendStats:
     draft_margin: with ``selector="draft"`` or ``"draft+gap"``, how sure full reuse was of the
         drafted answer's least sure token: its probability minus the runner-up's (the doubt gate's
         measure; None for other selectors). Low: full reuse's answer is in doubt.
+    draft_verified: with a draft selector, the answer tokens after the first that one forward
+        verifying the draft picked (``generation/lockstep.py``), each a decoding step saved but the
+        forward itself; 0 where that forward did not run (the first token was not the draft's, a
+        sampled or doubt-gated answer).
     recompute_ratio: the share of reused tokens recomputed that the blend used (with
         ``recompute_ratio="auto"`` the one it chose for this request, within the config's bounds).
     budget_signal: with the auto budget, the value of the signal that chose it (None otherwise;
@@ -53,6 +57,7 @@ class BlendStats:
     load_s: float = 0.0
     first_stage_s: float = 0.0
     draft_margin: float | None = None
+    draft_verified: int = 0
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     total_s: float = 0.0

@@ -188,3 +188,54 @@ def test_sinks_keep_the_drafted_stage_and_bad_settings_are_refused():
             DraftSelector(lookahead=lookahead)
     with pytest.raises(ValueError, match="auto_signal 'deviation' does not fit selector 'draft'"):
         BlendConfig(selector="draft", auto_budget=True)  # a check layer's signal: the draft's stage 2 has none
+
+
+def _with_draft(pre, draft):
+    return replace(pre, output=replace(pre.output, draft=list(draft)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoding_takes_the_draft_it_verifies_in_one_forward_and_gives_greedy_decodings_tokens(make_engine, family):
+    """``Lockstep._verify_draft`` on one prefill whose draft is set by hand (any prefill decodes the
+    same way): a draft that is the greedy answer is taken whole in one forward, with the pick after
+    it (8 tokens); one wrong at its 4th token is taken up to it (3 picks); one whose first token is
+    not the answer's, a sampled answer, or a limit the answer reaches first change what they
+    should. Every answer is greedy decoding's tokens, and the text and stats say the same."""
+    engine = make_engine(family)
+    engine.warm(CHUNKS)
+    pre = engine.prefill(chunks=CHUNKS, query=QUESTION)
+    assert pre.output.draft == []  # deviation drafts nothing
+    want = engine.generate_from(pre, max_new_tokens=16)
+    ids = want.token_ids
+    assert len(ids) == 16 and want.stats.draft_verified == 0, "the tiny model's greedy answer ends early"
+    wrong = (ids[3] + 1) % engine.adapter.model.config.vocab_size
+    for draft, verified in ((ids[:8], 8), (ids[:3] + [wrong] + ids[4:8], 3), ([wrong], 0), (ids[:20], 15)):
+        got = engine.generate_from(_with_draft(pre, draft), max_new_tokens=16)
+        assert got.token_ids == ids and got.text == want.text, (draft, verified)
+        assert got.stats.draft_verified == verified and got.stats.completion_tokens == 16
+    short = engine.generate_from(_with_draft(pre, ids[:8]), max_new_tokens=3)  # room for 2 picks after the first
+    assert short.token_ids == ids[:3] and short.stats.draft_verified == 2 and short.stats.finish_reason == "length"
+    stop = engine.tokenizer.decode(ids[4:6])  # a stop string the verified picks reach
+    cut = engine.generate_from(_with_draft(pre, ids[:8]), max_new_tokens=16, stop=[stop])
+    assert cut.text == engine.generate_from(pre, max_new_tokens=16, stop=[stop]).text and cut.stats.finish_reason == "stop"
+    sampled = dict(max_new_tokens=16, temperature=0.8, seed=3)
+    assert engine.generate_from(_with_draft(pre, ids[:8]), **sampled).token_ids == engine.generate_from(pre, **sampled).token_ids
+    assert engine.generate_from(_with_draft(pre, ids[:8]), **sampled).stats.draft_verified == 0
+    pieces = list(stream := engine.stream(chunks=CHUNKS, query=QUESTION, max_new_tokens=16))
+    assert "".join(pieces) == stream.result.text == want.text  # no draft: the stream's own prefill
+
+
+def test_the_draft_selectors_answer_is_greedy_decodings_with_its_draft_verified(make_engine):
+    """Through the engine with ``selector="draft"``: the prefill carries its draft, and the answer,
+    streamed or not, is the tokens the same prefill decodes without it."""
+    engine = make_engine(selector="draft", draft_tokens=6)
+    engine.warm(CHUNKS)
+    req = engine.request(chunks=[CHUNKS[i] for i in (2, 0, 1)], query=QUESTION)
+    pre = engine.prefill(req, config=engine.config.with_ratio(0.3))
+    assert len(pre.output.draft) == 6
+    got, want = engine.generate_from(pre, max_new_tokens=12), engine.generate_from(_with_draft(pre, []), max_new_tokens=12)
+    assert got.token_ids == want.token_ids and want.stats.draft_verified == 0
+    prefix = 0
+    while prefix < 6 and got.token_ids[prefix] == pre.output.draft[prefix]:
+        prefix += 1
+    assert prefix > 0 and got.stats.draft_verified == prefix  # the blend at 30% begins as full reuse's answer did

@@ -62,7 +62,8 @@ class BlendOutput:
     signal it read (None otherwise). A pass with ``room`` (``reuse_pass``): grown, per layer the
     cache [2,Hkv,N+room,d] whose first N rows kv's K and V view ([] otherwise). first_stage_s: the
     seconds stage 1 took, its score included (on CUDA the device is synchronised to time it);
-    draft_margin: with a drafted answer, how sure full reuse was of its least sure token (None otherwise)."""
+    draft_margin: with a drafted answer, how sure full reuse was of its least sure token (None otherwise);
+    draft: its tokens ([] otherwise), which decoding verifies in one pass (``generation/lockstep.py``)."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     logits: torch.Tensor
@@ -78,6 +79,7 @@ class BlendOutput:
     budget_signal: float | None = None
     grown: list[torch.Tensor] = field(default_factory=list)
     draft_margin: float | None = None
+    draft: list[int] = field(default_factory=list)
 
     @property
     def active_per_layer(self) -> list[int]:
@@ -222,7 +224,7 @@ def _two_stage(model: ModelAdapter, inp: BlendInput, selector: Selector, schedul
     out.first_stage_s = first_stage_s
     if signal is not None:
         out.ratio, out.budget_signal = ratio, signal
-    out.draft_margin = draft_margin
+    out.draft_margin, out.draft = draft_margin, list(getattr(asked, "draft", []))
     return out
 
 

@@ -94,7 +94,7 @@ def draft_stage(model: ModelAdapter, inp: BlendInput, fusion: Fusion, tokens: in
         room = min(lookahead, tokens - len(draft))
         guess = propose(draft, room)[:room] if room else []
         positions = torch.arange(n + done, n + done + 1 + len(guess), device=device)
-        logits, seen = _rows(model, caches, draft[done:] + guess, positions, tables)
+        logits, seen = feed(model, caches, draft[done:] + guess, positions, tables)
         picks = logits.argmax(dim=-1).tolist()
         kept = 1  # rows whose token is verified: the known one and the guesses greedy decoding agrees with
         while kept <= len(guess) and picks[kept - 1] == guess[kept - 1]:
@@ -149,10 +149,11 @@ def check_tokens(tokens: object) -> None:
         raise ValueError(f"draft tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], got {tokens!r}")
 
 
-def _rows(model: ModelAdapter, caches: list[torch.Tensor], tokens: list[int], positions: torch.Tensor,
-          tables: RopeTables) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor, torch.Tensor]]]:
-    """One drafting pass: the rows of ``tokens`` at ``positions`` [m] (consecutive) over the rows
-    before them in ``caches`` (per layer [2,Hkv,N',d], rotated K and V), their K/V written there.
+def feed(model: ModelAdapter, caches: list[torch.Tensor], tokens: list[int], positions: torch.Tensor,
+         tables: RopeTables) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor, torch.Tensor]]]:
+    """One drafting pass (and decoding's verification of the draft, ``Prefilled.fed``): the rows of
+    ``tokens`` at ``positions`` [m] (consecutive) over the rows before them in ``caches`` (per layer
+    [2,Hkv,N',d], rotated K and V; ``tables``: RoPE of positions 0..N'-1), their K/V written there.
     Returns their logits [m, vocab] and, per layer, what a ``QuestionScore`` reads: (layer, q
     [1,H,m,d] rotated, keys [1,Hkv,N',d], a view of the cache, whose rows past a row's own position
     it never reads)."""

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from ..blending.blend import BlendOutput
+from ..blending.draft import feed
+from ..blending.rope import RopeTables
 from ..models.adapter import ModelAdapter
 from .batch import SlotKV
 from .doubt import Doubt
@@ -131,6 +133,30 @@ class Prefilled:
         again = self.doubt.redo()
         again.stats = replace(again.stats, doubt_step=step, redone_tokens=self.stats.recomputed_tokens)
         return again
+
+    @torch.inference_mode()
+    def fed(self, tokens: Sequence[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``tokens`` after the prompt in one forward (``blending.draft.feed``: every row at once, each
+        over the prompt and the tokens before it): the next-token logits after each [m, vocab] fp32,
+        and per layer a cache [2,Hkv,N+m,d] holding the prompt's K/V and theirs (a copy: the
+        prompt's KV is not written). ``extended`` keeps some of them."""
+        n, m = len(self.ids), len(tokens)
+        caches = []
+        for k, v in self.output.kv:  # [1,Hkv,N,d] each
+            cache = k.new_empty((2, k.shape[1], n + m, k.shape[3]))
+            cache[0, :, :n], cache[1, :, :n] = k[0], v[0]
+            caches.append(cache)
+        positions = torch.arange(n, n + m, device=self.ids.device)
+        tables = RopeTables.at(self.adapter, torch.arange(n + m, device=self.ids.device))
+        logits, _ = feed(self.adapter, caches, list(tokens), positions, tables)
+        return logits.float(), caches
+
+    def extended(self, caches: list[torch.Tensor], count: int) -> Prefilled:
+        """This prefill with the K/V of the first ``count`` tokens ``fed`` gave ``caches`` after the
+        prompt's: what decoding goes on from once those tokens are the answer's."""
+        end = len(self.ids) + count
+        kv = [(cache[0, :, :end][None], cache[1, :, :end][None]) for cache in caches]
+        return replace(self, output=replace(self.output, kv=kv))
 
     def resume(self, tokens: Sequence[int]) -> tuple[SlotKV | None, torch.Tensor]:
         """A one-slot ``SlotKV`` holding this prompt's KV with ``tokens`` decoded after it (None when

@@ -28,6 +28,7 @@ def usage(stats: BlendStats) -> dict:
             "budget_signal": stats.budget_signal,  # ... and the signal that chose it (None otherwise)
             "draft_margin": stats.draft_margin,  # how sure full reuse was of a draft selector's draft (None: no draft)
             "first_stage_tokens": stats.first_stage_tokens,  # rows a two-stage selector's first pass computed (0: none)
+            "draft_verified": stats.draft_verified,  # answer tokens a draft's one verifying forward picked
         },
     }
 
