@@ -111,7 +111,10 @@ async def level(url, model, examples, ratio, concurrency, max_tokens) -> dict:
         "concurrency": concurrency, "requests": len(results), "ttft_p50": statistics.median(ttfts),
         "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))], "tokens": tokens,
         "wall_s": wall, "tokens_per_s": tokens / wall, "cached_share": cached / prompt,
-        "decode_tokens_per_s": (rows1 - rows0) / (seconds1 - seconds0), "ttfts": ttfts,
+        # the batched decode steps' rate; None where no step ran (every token picked at admission:
+        # the first, and a draft selector's draft verified in one forward, generation/lockstep.py)
+        "decode_tokens_per_s": (rows1 - rows0) / (seconds1 - seconds0) if seconds1 > seconds0 else None,
+        "ttfts": ttfts,
     }
 
 
