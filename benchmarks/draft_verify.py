@@ -7,7 +7,7 @@
 A draft selector (SmolLM2's default, ``draft+gap``) decodes 8 greedy tokens over full reuse's
 cache before its blend, and the blended answer then decodes its own tokens, a step (a read of every
 weight) each. Where the blend changed little, those begin with the draft's; decoding takes them
-from one forward over the draft instead (``Lockstep._verify_draft``). For each prompt this
+from one forward over the draft instead (``Lockstep.verify_draft``, after the first token is out). For each prompt this
 prefills once, then decodes that same prefill twice, alternating which goes first: as the product
 does, and with its draft removed (the same prefill, ``BlendOutput.draft`` emptied: decoding as it
 ran before). It reports whether the two answers are the same tokens (they should be, but for the

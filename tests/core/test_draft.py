@@ -196,7 +196,7 @@ def _with_draft(pre, draft):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decoding_takes_the_draft_it_verifies_in_one_forward_and_gives_greedy_decodings_tokens(make_engine, family):
-    """``Lockstep._verify_draft`` on one prefill whose draft is set by hand (any prefill decodes the
+    """``Lockstep.verify_draft`` on one prefill whose draft is set by hand (any prefill decodes the
     same way): a draft that is the greedy answer is taken whole in one forward, with the pick after
     it (8 tokens); one wrong at its 4th token is taken up to it (3 picks); one whose first token is
     not the answer's, a sampled answer, or a limit the answer reaches first change what they
@@ -239,3 +239,7 @@ def test_the_draft_selectors_answer_is_greedy_decodings_with_its_draft_verified(
     while prefix < 6 and got.token_ids[prefix] == pre.output.draft[prefix]:
         prefix += 1
     assert prefix > 0 and got.stats.draft_verified == prefix  # the blend at 30% begins as full reuse's answer did
+    stream = engine.stream(req, recompute_ratio=0.3, max_new_tokens=12)  # the shared decode's path: first piece, then the draft
+    pieces = list(stream)
+    assert len(pieces) > 1 and "".join(pieces) == stream.result.text == want.text
+    assert stream.result.token_ids == want.token_ids and stream.result.stats.draft_verified == prefix

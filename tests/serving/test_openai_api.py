@@ -1,6 +1,7 @@
 """The official openai client (sync, async, streaming) against a real server on loopback."""
 
 import asyncio
+from dataclasses import replace
 
 import httpx
 import openai
@@ -137,3 +138,27 @@ def test_models_health_and_metrics(client, tiny_url):
     text = httpx.get(tiny_url.removesuffix("/v1") + "/metrics").text
     for name in ("queue_depth", "store_memory_bytes", "prompt_tokens_reused_total", "chunk_misses_total"):
         assert f"# TYPE cacheblend_{name}" in text
+
+
+def test_a_draft_selectors_answers_are_greedy_decodings_with_the_draft_verified(tiny_model_dir):
+    """A server whose engine drafts (``selector="draft"``): streamed or not, its temperature-0 answer
+    is the tokens the same prefill decodes without its draft (in this process), and it reports the
+    answer tokens one forward verified from the draft, as in-process decoding counts them."""
+    from cacheblend import BlendConfig, BlendEngine
+
+    engine = BlendEngine.from_pretrained(tiny_model_dir, device="cpu", config=BlendConfig(selector="draft", draft_tokens=6))
+    engine.warm(PASSAGES)
+    content = "\n\n".join(PASSAGES) + "\n\nWho dug the spring?"
+    pre = engine.prefill(engine.render_chat([{"role": "user", "content": content}]))
+    assert pre.stats.chunk_hits == 3 and len(pre.output.draft) == 6
+    want = engine.generate_from(pre, max_new_tokens=12)
+    plain = engine.generate_from(replace(pre, output=replace(pre.output, draft=[])), max_new_tokens=12)
+    assert want.token_ids == plain.token_ids and want.stats.draft_verified > 0 == plain.stats.draft_verified
+    with running(engine, model_names=[TINY]) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        whole = _chat(client, content)
+        chunks = list(_chat(client, content, stream=True, stream_options={"include_usage": True}))
+    assert whole.choices[0].message.content == plain.text
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.text
+    assert whole.usage.cacheblend["draft_verified"] == chunks[-1].usage.cacheblend["draft_verified"] == want.stats.draft_verified
+    assert whole.usage.completion_tokens == len(plain.token_ids)

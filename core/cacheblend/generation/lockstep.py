@@ -72,14 +72,6 @@ class Lockstep:
     def free(self) -> int:
         return self.kv.slots - len(self.active)
 
-    def admit(self, answer: Answer, pre: Prefilled) -> str:
-        """Picks ``answer``'s first token (``first``) and gives it a slot unless that token ends it
-        (``seat``). Returns the text it made safe to emit."""
-        piece, pre = self.first(answer, pre)
-        if not answer.done:
-            self.seat(answer, pre)
-        return piece
-
     def first(self, answer: Answer, pre: Prefilled) -> tuple[str, Prefilled]:
         """Picks ``answer``'s first token from ``pre``'s logits, after its doubt gate looks; touches
         no slot, so it may run while another thread steps the batch. Returns the text it made safe
@@ -89,10 +81,9 @@ class Lockstep:
         logits = pre.output.logits
         if answer.gated is not None and pre.doubt.doubts(logits):  # in doubt at the first token
             pre, logits = self._redo(answer, None)
-        piece = self._pick(answer, logits)
-        return self._verify_draft(answer, pre, piece) if pre.output.draft else (piece, pre)
+        return self._pick(answer, logits), pre
 
-    def _verify_draft(self, answer: Answer, pre: Prefilled, piece: str) -> tuple[str, Prefilled]:
+    def verify_draft(self, answer: Answer, pre: Prefilled) -> tuple[str, Prefilled]:
         """A draft selector's draft (``BlendOutput.draft``: full reuse's greedy answer) as the answer's
         next tokens, verified in one forward. Where the blend changed little the blended answer
         begins with the draft (on SmolLM2's MuSiQue and pydoc prompts, 6-7 of its 8 tokens), and
@@ -102,13 +93,17 @@ class Lockstep:
         tokens greedy decoding gives, up to the fp32 round-off of a batched product, with the pick
         after the last agreeing row for free (prompt lookup decoding's verification). Greedy
         answers without a doubt gate only (a sampled token needs its own distribution; the gate
-        reads every step's). ``BlendStats.draft_verified``: the picks taken from that forward."""
+        reads every step's). ``BlendStats.draft_verified``: the picks taken from that forward. Runs
+        after ``first``, whose piece the caller emits first (the forward is not on the first token's
+        path), and before ``seat``, which it hands the prefill to seat: its own when nothing is
+        verified, else it with the verified tokens' K/V. Returns the text it made safe too."""
         draft, room = pre.output.draft, answer.limit - len(answer.tracker.ids)
-        if answer.done or answer.gated is not None or answer.sampling.temperature or answer.next_token != draft[0]:
-            return piece, pre
+        if not draft or answer.done or answer.gated is not None or answer.sampling.temperature \
+                or answer.next_token != draft[0]:
+            return "", pre
         tokens = [answer.next_token, *draft[1:room]]  # a row per pick the answer still has room for
         logits, caches = pre.fed(tokens)
-        pieces, fed = [piece], 0
+        pieces, fed = [], 0
         while fed < len(tokens):
             pieces.append(self._pick(answer, logits[fed]))  # the pick after token ``fed``
             fed += 1

@@ -87,8 +87,13 @@ class SharedDecode:
     def answer(self, answer: Answer, pre: Prefilled) -> Iterator[str]:
         """``answer``'s text pieces: its first token's from ``pre``, then the shared steps'. It takes
         its seat before its first piece when one is free at once (answers read in turn then all
-        join the first step), else at its next read."""
+        join the first step), else at its next read; with a draft (``Lockstep.verify_draft``), after
+        its first piece and the draft's verifying forward."""
         piece, pre = self.exclusive(self._picker.first, answer, pre)  # the doubt gate may prefill again
+        if not answer.done and pre.output.draft:  # the first token out, then the draft verified (lockstep.py)
+            if piece:
+                yield piece
+            piece, pre = self.exclusive(self._picker.verify_draft, answer, pre)
         if answer.done:
             if piece:
                 yield piece

@@ -190,11 +190,16 @@ class Scheduler:
         decoding = Decoding(job.max_tokens or engine.context_window, job.sampling, job.stop)
         answer = Answer.of(pre, decoding, engine.tokenizer, engine.context_window, job.arrived, tag=job)
         self.metrics.prefilled(pre.stats)
-        piece = self._batch.admit(answer, pre)  # the first token (the doubt gate may redo the prefill first)
+        piece, pre = self._batch.first(answer, pre)  # the first token (the doubt gate may redo the prefill first)
         if answer.next_token >= 0:
             self.metrics.first_token(answer.stats.ttft_s)
         job.emit(Event("start", stats=replace(answer.stats)))
         self._emit(answer, piece)
+        if not answer.done:  # a draft's tokens verified in one forward, after the first is out; then a slot
+            piece, pre = self._batch.verify_draft(answer, pre)
+            self._emit(answer, piece)
+        if not answer.done:
+            self._batch.seat(answer, pre)
         redone = answer.stats.recomputed_tokens if answer.stats.doubt_step is not None else 0
         return max(1, pre.stats.recomputed_tokens + redone)
 
