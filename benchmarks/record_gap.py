@@ -25,8 +25,8 @@ files; development data only):
   product's ``BlendConfig(selector="draft+gap")``, SmolLM2's default since stop 61; the development
   runs before it (``docs/runs/gap_*``) ran this script's own product of the two, which it
   reproduces (docs/RECORD-GAP.md). ``"nb1 draft-only T last3 gap x"`` (T in 12, 16, 24): the same
-  with a draft of T tokens (``draft_tokens=T``); ``"nb1 draft-only 8 last3 gap x P%"`` (P in 5, 10,
-  20, 30, 50): the default at P% instead of 15%, what an adaptive budget picks among
+  with a draft of T tokens (``draft_tokens=T``); ``"nb1 draft-only 8 last3 gap x P%"`` (P in 5, 8,
+  10, 20, 30, 50): the default at P% instead of 15%, what an adaptive budget picks among
   (benchmarks/gate_eval.py ``--choose``); ``"nb1 draft+gap auto LO-HI% <M"``: the adaptive budget
   that picks between them (``auto_signal="draft_doubt"``): HI% where full reuse's draft has a token
   it is less than M sure of (``BlendStats.draft_margin`` below M), LO% elsewhere. ``"... gap W"``:
@@ -129,7 +129,7 @@ def register() -> None:
     for tokens in (8, 12, 16, 24):
         select_eval.METHODS[f"nb1 draft-only {tokens} last3 gap x"] = (
             replace(drafting, selector="draft+gap", draft_tokens=tokens), None)
-    for percent in (5, 10, 20, 30, 50):  # the default at other budgets (an adaptive budget's choices)
+    for percent in (5, 8, 10, 20, 30, 50):  # the default at other budgets (an adaptive budget's choices)
         select_eval.METHODS[f"nb1 draft-only 8 last3 gap x {percent}%"] = (
             replace(drafting, selector="draft+gap", draft_tokens=8, ratios=(percent / 100,)), None)
     for lo, hi, margin in itertools.product((5, 10), (20, 30), (0.05, 0.1, 0.15, 0.2, 0.3)):  # the adaptive budget

@@ -37,6 +37,8 @@ from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import mean_kl, token_f1
 from runfile import DEFAULT_MODEL, RunRecord, add_common
 from cacheblend.prefilling import Prefiller
+from cacheblend.blending.lexical import named_before_blend
+from cacheblend.prompts.assemble import chunk_encodings
 from cacheblend.blending.selectors import make_selector
 from cacheblend.prompts.request import has_chat_template
 from cacheblend.blending.selection import (
@@ -242,6 +244,16 @@ def examples(dataset: str, split: str, count: int, engine, start: int = 0, targe
     return (data[:50] if split == "dev" else data[50:150])[start : start + count]
 
 
+def asks_of(engine, q) -> bool:
+    """Whether the question of example ``q`` names a chunk as Qwen's default reads it
+    (``lexical.named_before_blend``: the chunks' own ids, the text after the last chunk tokenized
+    as chunks are; the first chunk, read alone, names none): ``--asks``."""
+    req = engine.request(chunks=q.passages, query=ask(engine.tokenizer, q.question), prefix=PREFIX)
+    chunks = [list(c.ids) for c in chunk_encodings(req.text, engine.kv.encode)]
+    tail = req.text.text[req.text.chunks[-1].end:]
+    return named_before_blend(chunks, list(engine.kv.encode(tail).ids)) is not None
+
+
 def _target_first(q):
     rest = [p for i, p in enumerate(q.passages) if i != q.target]
     return replace(q, passages=[q.passages[q.target], *rest], target=0)
@@ -266,12 +278,18 @@ def own_prompt_share(engine: BlendEngine, qs: list, pool: list[str]) -> float:
 
 
 def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: int, log=print, start: int = 0,
-        model: str = DEFAULT_MODEL, pool_of: str = "run", meta: dict | None = None, target: str = "any") -> dict[str, dict]:
+        model: str = DEFAULT_MODEL, pool_of: str = "run", meta: dict | None = None, target: str = "any",
+        asks: str = "any") -> dict[str, dict]:
     shared = shared_engine(model)
     model, tok = shared.adapter.model, shared.tokenizer
     room = 8 << 30  # every chunk of a large pool stays in memory (MuSiQue's 30 prompts hold ~2.2 GB of fp16 KV)
     engine = BlendEngine(model, tok, config=C, memory_bytes=room)  # chunks alone
     qs = examples(dataset, split, count, engine, start, target)
+    if asks != "any":  # only the prompts whose question names a chunk (or none): their split positions in meta
+        picked = [i for i, q in enumerate(qs) if asks_of(engine, q) == (asks == "chunk")]
+        qs = [qs[i] for i in picked]
+        if meta is not None:
+            meta.update(asks=asks, examples=[start + i for i in picked])
     pool = sorted({p for q in qs for p in q.passages})
     engines = {0: engine}
     needed = {METHODS[n][0].neighbours for n in names} | {k for n in names for k in LADDERS.get(n, ())}
@@ -516,6 +534,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="where the nbK engines find neighbours: the run's passages, or every passage of the MuSiQue file")
     ap.add_argument("--target", default="any", choices=("any", "first"),
                     help="facts: where the passage holding the answer is (first: moved to the front)")
+    ap.add_argument("--asks", default="any", choices=("any", "chunk", "none"),
+                    help="only the prompts whose question names a chunk (chunk) or names none (none), as Qwen's "
+                         "default reads it (lexical.named_before_blend): a method that differs from another on one "
+                         "kind only is run on those")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 suits shared CPUs)")
     ap.add_argument("--json", dest="run_file", default=None,
                     help="the same as --run-file: the per-method means with the run's metadata (benchmarks/frontier.py plots them)")
@@ -555,7 +577,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     pooled: dict = {}
     rows = run(args.dataset, args.split, args.count, names, args.answer_tokens, start=args.start, model=args.model,
-               pool_of=args.pool, meta=pooled, target=args.target)
+               pool_of=args.pool, meta=pooled, target=args.target, asks=args.asks)
     summary, count = summarize(rows), len(rows["full prefill"]["kl"])
     print(table(summary, count))
     print(f"{args.dataset}, {args.split} split, {time.time() - started:.0f} s")
