@@ -288,6 +288,8 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     if asks != "any":  # only the prompts whose question names a chunk (or none): their split positions in meta
         picked = [i for i, q in enumerate(qs) if asks_of(engine, q) == (asks == "chunk")]
         qs = [qs[i] for i in picked]
+        if not qs:
+            raise SystemExit(f"--asks {asks}: none of the {count} prompts from {start} on")
         if meta is not None:
             meta.update(asks=asks, examples=[start + i for i in picked])
     pool = sorted({p for q in qs for p in q.passages})

@@ -575,6 +575,26 @@ def test_select_eval_can_move_the_answers_passage_first():
         examples("pydoc", "dev", 1, None, target="first")
 
 
+def test_select_eval_asks_splits_the_prompts_by_the_chunk_their_question_names(tiny_model_dir):
+    """``--asks``: a question names the chunk holding its rarer tokens, unless that chunk is the
+    prompt's first (read alone: ``lexical.named_chunk``); none when no chunk holds them."""
+    from types import SimpleNamespace
+
+    from cacheblend import BlendEngine
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        from select_eval import asks_of
+    finally:
+        sys.path.remove(str(BENCH))
+    engine = BlendEngine.from_pretrained(tiny_model_dir)
+    ink, sky, tea = "The ink in the old pen was a deep violet.", "The sky over the harbour was grey.", "Tea was served."
+    asked = lambda passages, question: asks_of(engine, SimpleNamespace(passages=passages, question=question))
+    assert asked([sky, ink, tea], "What colour was the ink in the old pen?")
+    assert not asked([ink, sky, tea], "What colour was the ink in the old pen?")  # the first, read alone
+    assert not asked([sky, ink, tea], "Who wrote it?")  # no chunk holds a question token
+
+
 @quick("neighbour_eval.py")
 def test_neighbour_eval_quick(quick_run):
     rows = quick_run.data["rows"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 SELECTORS = ("deviation", "lexical", "lexical+question", "query", "query+deviation", "question", "question+deviation",
-             "draft", "draft+gap", "random", "chunk_start", "none", "all")
+             "draft", "draft+gap", "lexical+draft+gap", "random", "chunk_start", "none", "all")
 QUESTION_LAYERS = ("all", "last_third", "last")
 QUESTION_HEADS = ("mean", "max")
 MEASURES = ("k", "v", "kv")
@@ -56,7 +56,8 @@ class BlendConfig:
             ``question+deviation`` (that score and KV deviation by rank, at the check layers); ``draft``
             (``question``'s, scored by the rows of an answer drafted from full reuse: ``DraftSelector``),
             ``draft+gap`` (that score times each row's gap between its chunk's two records: ``gap.py``;
-            the draft's alone where a chunk has one record: ``neighbours=0`` or ``lead_alone=False``).
+            the draft's alone where a chunk has one record: ``neighbours=0`` or ``lead_alone=False``),
+            ``lexical+draft+gap`` (``lexical+question``, but ``draft+gap`` where the question names no chunk).
         measure: what the deviation selector compares, fresh vs cached: ``k``, ``v`` or ``kv``.
         chunk_context: what each chunk's KV is computed behind when it is warmed: ``none`` (the chunk
             starts at position 0), ``bos`` (the tokenizer's BOS token) or ``system`` (the chat
@@ -80,10 +81,10 @@ class BlendConfig:
         query_weight: weight of the query rank against the deviation rank in ``query+deviation``.
         sinks: the first ``sinks`` tokens of every chunk are recomputed before any other (EPIC's
             attention sinks), with ``deviation``, ``query`` and ``query+deviation``.
-        fresh_check: keep the fresh K/V of every row at a check layer (computed there anyway), not only the selected rows'.
+        fresh_check: keep the fresh K/V of every row at a check layer (computed anyway), not only the picked rows'.
         question_layers: which layers' question attention ``question`` and ``draft`` fuse: ``all``,
             ``last_third`` (the last ceil(L/3) layers) or ``last`` (the last layer alone).
-        draft_tokens: how many greedy tokens the ``draft`` selector drafts and scores (1-64).
+        draft_tokens: how many greedy tokens the ``draft`` selectors draft and score (1-64).
         question_heads: ``mean`` or ``max`` over a layer's heads of the mass each head's question rows pay a token.
         question_per_chunk: divide each token's fused score by its chunk's total, so every chunk
             holds the same score mass (the budget then goes where attention is peaked within a
@@ -100,9 +101,8 @@ class BlendConfig:
             full reuse was of the draft's least sure token (``BlendStats.draft_margin``). ``ratios``
             are then unused (``with_ratio(r)`` goes back to them). The defaults (deviation, 5-30%, threshold
             0.00096: a mean of 15% on SmolLM2's development data, where it kept no more answers) are model-specific.
-            ``auto_signal="named_share"`` (with ``selector="lexical"``) recomputes exactly the
-            chunk the question names most, whole: the ratio is that chunk's share of the reused
-            tokens, within the bounds (``auto_min_ratio`` when it names none).
+            ``auto_signal="named_share"`` (``selector="lexical..."``) recomputes the chunk the question names
+            most, whole: the ratio is its share of the reused tokens, within the bounds (the least when none).
         doubt_margin: the doubt gate, a budget the answer decides (0: off). While an answer is
             decoded, when the likeliest next token's probability exceeds the second's by less than
             ``doubt_margin``, the prompt is prefilled again at ``doubt_ratio`` (once per request)

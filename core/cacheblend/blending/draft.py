@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -39,6 +40,7 @@ from ..models.adapter import ModelAdapter
 from .blend import BlendOutput, reuse_pass
 from .check import Check
 from .inputs import BlendInput
+from .lexical import LexicalQuestionSelector
 from .question import Fusion, QuestionScore
 from .rope import RopeTables, apply_rope
 from .rows import Rows, attend_rows
@@ -200,3 +202,28 @@ class DraftSelector(QuestionSelector):
         first, asked = draft_stage(model, inp, self.fusion, self.tokens, self.question, self.lookahead)
         asked.weight = inp.gap if self.gap else None
         return first, asked
+
+
+@dataclass(frozen=True)
+class LexicalDraftSelector(LexicalQuestionSelector):
+    """``selector="lexical+draft+gap"``: ``lexical+question`` (Qwen's default before stop 66) where
+    the question names a chunk, the same blend bit for bit: that chunk recomputed whole. Where it
+    names none, ``draft``'s blend (``draft+gap``'s, a ``DraftSelector`` with ``gap``) at the same
+    budget: stage 1 drafts the answer, stage 2 recomputes from layer 0 the top of its score. Where a
+    question names no chunk (a multi-hop question naming two passages alike, the first of them read
+    alone), the draft's score kept more answers than the question's on Qwen's MuSiQue development
+    prompts, at a lower KL (docs/LEXICAL-DRAFT-GAP.md)."""
+
+    draft: DraftSelector | None = None
+    at_check_layers: ClassVar[bool] = False  # stage 2 is the draft's, from layer 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.draft, DraftSelector):
+            raise ValueError(f"the lexical+draft selector needs a DraftSelector, got {self.draft!r}")
+
+    @property
+    def needs_gap(self) -> bool:
+        return self.draft.needs_gap
+
+    def first_stage(self, model: ModelAdapter, inp: BlendInput) -> tuple[BlendOutput, DraftScore]:
+        return self.draft.first_stage(model, inp)

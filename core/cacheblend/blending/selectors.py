@@ -8,7 +8,7 @@ the one-pass ones, its own module when it is a concept of its own, as ``lexical.
 from __future__ import annotations
 
 from ..config import BlendConfig
-from .draft import DraftSelector
+from .draft import DraftSelector, LexicalDraftSelector
 from .lexical import LexicalQuestionSelector, LexicalSelector
 from .question import Fusion
 from .selection import (
@@ -45,9 +45,12 @@ def make_selector(config: BlendConfig) -> Selector:
     if config.selector in scoring:
         inner = scoring[config.selector]()
         return SinkSelector(inner, config.sinks) if config.sinks else inner
-    if config.selector == "lexical+question":
+    if config.selector.startswith("lexical+"):  # the named chunk, else a two-stage score
         fusion = Fusion(config.question_layers, config.question_heads, config.question_per_chunk)
-        return LexicalQuestionSelector(LexicalSelector(config.measure, config.lexical_share), fusion)
+        lexical = LexicalSelector(config.measure, config.lexical_share)
+        if config.selector == "lexical+question":
+            return LexicalQuestionSelector(lexical, fusion)
+        return LexicalDraftSelector(lexical, fusion, draft=scoring["draft+gap"]())
     if config.selector == "random":
         return RandomSelector(config.seed)
     if config.selector == "chunk_start":
