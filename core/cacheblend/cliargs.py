@@ -12,6 +12,10 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import BlendConfig
 
 
 DESCRIPTION = """The ``cacheblend`` command: demo, warm, ask, bench.
@@ -95,7 +99,7 @@ def config_args(sp) -> None:
                          "(default: the model's; 0: off; docs/DOUBT-GATE.md)")
 
 
-def blend_config(args: argparse.Namespace):
+def blend_config(args: argparse.Namespace) -> BlendConfig:
     """The ``BlendConfig`` of a command's ``config_args`` flags for its ``--model``."""
     from .config import BlendConfig
 
