@@ -285,6 +285,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     room = 8 << 30  # every chunk of a large pool stays in memory (MuSiQue's 30 prompts hold ~2.2 GB of fp16 KV)
     engine = BlendEngine(model, tok, config=C, memory_bytes=room)  # chunks alone
     qs = examples(dataset, split, count, engine, start, target)
+    everything = sorted({p for q in qs for p in q.passages})  # the neighbours' pool whatever --asks keeps
     if asks != "any":  # only the prompts whose question names a chunk (or none): their split positions in meta
         picked = [i for i, q in enumerate(qs) if asks_of(engine, q) == (asks == "chunk")]
         qs = [qs[i] for i in picked]
@@ -297,7 +298,7 @@ def run(dataset: str, split: str, count: int, names: list[str], answer_tokens: i
     needed = {METHODS[n][0].neighbours for n in names} | {k for n in names for k in LADDERS.get(n, ())}
     for k in sorted(needed - {0}):
         engines[k] = BlendEngine(model, tok, config=BlendConfig(neighbours=k), memory_bytes=room)
-    known = corpus(dataset) if pool_of == "corpus" else pool
+    known = corpus(dataset) if pool_of == "corpus" else everything
     for k in engines.keys() - {0}:  # the neighbour index holds the pool (or the corpus) before the warm picks from it
         engines[k].kv.warmer.learn([], known)
     if len(engines) > 1:  # every nbK engine's nearest neighbour is the same: measured once
@@ -539,7 +540,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--asks", default="any", choices=("any", "chunk", "none"),
                     help="only the prompts whose question names a chunk (chunk) or names none (none), as Qwen's "
                          "default reads it (lexical.named_before_blend): a method that differs from another on one "
-                         "kind only is run on those")
+                         "kind only is run on those. The neighbours are still found among every prompt's passages "
+                         "(or the corpus), so each chunk reads the records it reads in the unfiltered run")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 suits shared CPUs)")
     ap.add_argument("--json", dest="run_file", default=None,
                     help="the same as --run-file: the per-method means with the run's metadata (benchmarks/frontier.py plots them)")
