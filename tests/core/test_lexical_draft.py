@@ -74,3 +74,13 @@ def test_a_prompt_naming_none_blends_as_draft_gap_at_the_lower_bound(make_engine
     _, question = _prefills(engine, order, dict(selector="lexical+question"))
     assert ours.stats.recomputed_tokens == question.stats.recomputed_tokens  # the same budget ...
     assert not torch.equal(ours.output.active_rows[-1], question.output.active_rows[-1])  # ... other rows
+
+
+def test_qwens_option_keeps_qwens_knobs_with_the_budget_it_is_given():
+    """docs/LEXICAL-DRAFT-GAP.md's option for Qwen: its question layers kept, the budget as given
+    (a selector other than the model's drops the model's budget fields: ``for_model``)."""
+    cfg = BlendConfig.for_model("qwen2.5-0.5b-instruct", selector="lexical+draft+gap", auto_budget=True,
+                                auto_signal="named_share", auto_min_ratio=0.15, auto_max_ratio=0.3)
+    qwen = BlendConfig.for_model("qwen2.5-0.5b-instruct")
+    assert cfg == replace(qwen, selector="lexical+draft+gap", auto_min_ratio=0.15)
+    assert isinstance(make_selector(cfg), LexicalDraftSelector) and cfg.recompute_ratio == 0.15
