@@ -36,8 +36,7 @@ from cacheblend.tools.datasets import load_musique, pydoc_passages, pydoc_worklo
 from cacheblend.tools.factset import correct, questions
 from cacheblend.tools.quality import mean_kl, token_f1
 from runfile import DEFAULT_MODEL, RunRecord, add_common
-from cacheblend.prefilling import Prefiller
-from cacheblend.blending.lexical import named_before_blend
+from cacheblend.prefilling import Prefiller, named_in
 from cacheblend.prompts.assemble import chunk_encodings
 from cacheblend.blending.selectors import make_selector
 from cacheblend.prompts.request import has_chat_template
@@ -246,12 +245,11 @@ def examples(dataset: str, split: str, count: int, engine, start: int = 0, targe
 
 def asks_of(engine, q) -> bool:
     """Whether the question of example ``q`` names a chunk as Qwen's default reads it
-    (``lexical.named_before_blend``: the chunks' own ids, the text after the last chunk tokenized
-    as chunks are; the first chunk, read alone, names none): ``--asks``."""
+    (``prefilling.named_in``, what ``lead_after_named`` reads its records by; the first chunk, read
+    alone, names none): ``--asks``."""
     req = engine.request(chunks=q.passages, query=ask(engine.tokenizer, q.question), prefix=PREFIX)
     chunks = [list(c.ids) for c in chunk_encodings(req.text, engine.kv.encode)]
-    tail = req.text.text[req.text.chunks[-1].end:]
-    return named_before_blend(chunks, list(engine.kv.encode(tail).ids)) is not None
+    return named_in(req, chunks, engine.kv.encode) is not None
 
 
 def _target_first(q):

@@ -43,6 +43,14 @@ from .stores import ChunkRecord
 Records = Callable[[list[list[int]]], Sequence[ChunkRecord | None]]
 
 
+def named_in(request: Request, chunks: list[list[int]], encode_chunk: Callable[[str], Encoding],
+             margin: float = 0.0) -> int | None:
+    """``lexical.named_before_blend`` of ``request``: its ``chunks`` (their own ids, prompt order)
+    and its text after the last chunk, tokenized as chunks are, before any record is read."""
+    tail = request.text.text[request.text.chunks[-1].end:]
+    return named_before_blend(chunks, list(encode_chunk(tail).ids) if tail else [], margin)
+
+
 class Prefiller:
     """Blended prefills of validated requests for one model; see the module docstring."""
 
@@ -111,8 +119,7 @@ class Prefiller:
         read their lead records, or with a weight below 1 their neighbour-warmed records moved that far toward them."""
         if not cfg.lead_after_named:
             return self.records(chunks)
-        tail = request.text.text[request.text.chunks[-1].end:]
-        named = named_before_blend(chunks, list(self.encode_chunk(tail).ids) if tail else [], cfg.lead_after_margin)
+        named = named_in(request, chunks, self.encode_chunk, cfg.lead_after_margin)
         if named is None:
             return self.records(chunks)
         return self.records(chunks, lead_from=named + 1, lead_weight=cfg.lead_after_named)
