@@ -1,7 +1,8 @@
 """Recomputing stale rows from a later layer: the residual stream kept at warm time (research, stop 46).
 
     .venv/bin/python benchmarks/restart_depth.py --model qwen2.5-0.5b-instruct --split dev --count 60 --methods "nb1 lexical+question 8%,nb1 lexical+question 8% + restart after@12"
-    .venv/bin/python benchmarks/restart_depth.py --quick    # 1 dev fact question, "nb1 question" and "+ restart others@-1"
+    .venv/bin/python benchmarks/restart_depth.py --split dev --count 60 --methods "nb1 deviation,nb1 deviation through@15"
+    .venv/bin/python benchmarks/restart_depth.py --quick    # 1 dev fact question: "nb1 question", "+ restart others@-1", deviation through@2
 
 A recomputed row costs every layer from layer 0, because a record keeps only K and V, not the
 residual stream they were computed from. If a chunk's record also kept the residual stream
@@ -22,6 +23,13 @@ record behind the chunk context alone, its other record behind its neighbour):
 - ``after``: every chunk after the one the question names (``lexical.named_chunk``; none where
   it names none);
 - ``others``: every chunk but the named one (every chunk where it names none).
+
+The mirror, ``"<base> through@<D>"`` (stop 67): the selected rows of a one-pass ``<base>`` recomputed
+from layer 0 through layer D - 1 only, so from D on they keep their records' K/V and only the
+uncached rows and the last row are computed. It needs no stream: it is a product config, the base's
+with a last check layer at D that keeps no reused row (``check_layers=(..., D)``,
+``ratios=(..., 0.0)``). If staleness mattered in the early and middle layers only, these rows
+would cost D / L of a row each.
 
 The stored stream is rounded to fp16, as the records are. The cost column is in row-layers: the
 rows each layer computed (a two-stage blend's first stage included) over layers x prompt tokens,
@@ -181,10 +189,28 @@ def _blend_prefill(real):
     return blend_prefill
 
 
+def through(config, depth: int):
+    """``config`` (one pass, a fixed ratio) with its selected rows recomputed through layer ``depth`` - 1
+    only: a last check layer at ``depth`` keeping no reused row."""
+    selector = make_selector(config)
+    if config.auto_budget or getattr(selector, "two_stage", False) or hasattr(selector, "stage_one_for"):
+        raise SystemExit(f"through@{depth} takes a one-pass method at a fixed ratio, not selector {config.selector!r}")
+    if depth <= max(config.check_layers):
+        raise SystemExit(f"through@{depth} must come after the check layers {config.check_layers}")
+    return replace(config, check_layers=config.check_layers + (depth,), ratios=config.ratios + (0.0,))
+
+
 def register(names: list[str]) -> None:
-    """Adds the ``"<base> + restart <where>@<m>"`` methods of ``names`` to select_eval's, wraps every
-    other method's selector to count its row-layers, and installs the hooks."""
+    """Adds the ``"<base> + restart <where>@<m>"`` and ``"<base> through@<D>"`` methods of ``names`` to
+    select_eval's, wraps every other method's selector to count its row-layers, and installs the hooks."""
     for name in names:
+        base, _, depth = name.partition(" through@")
+        if depth:
+            if base not in select_eval.METHODS:
+                raise SystemExit(f"unknown base method {base!r}")
+            config = through(select_eval.METHODS[base][0], int(depth))
+            select_eval.METHODS[name] = (config, Restarting(name, make_selector(config)))
+            continue
         base, _, spec = name.partition(" + restart ")
         if base not in select_eval.METHODS:
             raise SystemExit(f"unknown base method {base!r}")
@@ -214,7 +240,7 @@ def register(names: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    quick = "nb1 question,nb1 question + restart others@-1"  # two-stage: check layer 0, so any model restarts
+    quick = "nb1 question,nb1 question + restart others@-1,nb1 deviation,nb1 deviation through@2"  # check layers 0 and 1: any model
     methods = quick if "--quick" in argv else argv[argv.index("--methods") + 1] if "--methods" in argv else ""
     named_after.register()  # "nb1 named after": the chunks after the named one recomputed from the check layer
     register(methods.split(",") if methods else [])
