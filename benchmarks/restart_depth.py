@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/restart_depth.py --model qwen2.5-0.5b-instruct --split dev --count 60 --methods "nb1 lexical+question 8%,nb1 lexical+question 8% + restart after@12"
     .venv/bin/python benchmarks/restart_depth.py --split dev --count 60 --methods "nb1 deviation,nb1 deviation through@15"
-    .venv/bin/python benchmarks/restart_depth.py --quick    # 1 dev fact question: "nb1 question", "+ restart others@-1", deviation through@2
+    .venv/bin/python benchmarks/restart_depth.py --quick    # 1 dev fact question: "nb1 question", "+ restart others@-1", deviation at0 through@1
 
 A recomputed row costs every layer from layer 0, because a record keeps only K and V, not the
 residual stream they were computed from. If a chunk's record also kept the residual stream
@@ -240,9 +240,12 @@ def register(names: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    quick = "nb1 question,nb1 question + restart others@-1,nb1 deviation,nb1 deviation through@2"  # check layers 0 and 1: any model
+    quick = "nb1 question,nb1 question + restart others@-1,nb1 deviation at0,nb1 deviation at0 through@1"  # any model
     methods = quick if "--quick" in argv else argv[argv.index("--methods") + 1] if "--methods" in argv else ""
     named_after.register()  # "nb1 named after": the chunks after the named one recomputed from the check layer
+    # deviation checked at layer 0 (its layer-0 K/V computed for every row there, no layer-0 prelude):
+    # a one-pass base whose through@1 exists on any model, the quick run's 2-layer one too
+    select_eval.METHODS["nb1 deviation at0"] = (replace(select_eval.METHODS["nb1 deviation"][0], check_layers=(0,)), None)
     register(methods.split(",") if methods else [])
     select_eval.main_with(__doc__, quick, argv)
 

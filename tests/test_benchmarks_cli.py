@@ -242,6 +242,20 @@ def test_select_eval_knob_methods_add_one_field_to_a_known_method():
     assert not select_eval.knob_method("nb1 lexical+question 8% margin 0.3 lead")  # no value for the last
 
 
+def test_restart_depth_through_takes_a_one_pass_method_at_a_fixed_ratio():
+    """``"<base> through@D"`` is the base's product config with a last check layer at D keeping no
+    reused row; a two-stage selector, an adaptive budget or a depth not past the check layers is refused."""
+    select_eval, restart_depth = _bench_module("select_eval"), _bench_module("restart_depth")
+    deviation = select_eval.METHODS["nb1 deviation"][0]
+    assert restart_depth.through(deviation, 12) == replace(deviation, check_layers=(1, 12), ratios=(0.15, 0.0))
+    assert restart_depth.through(deviation, 12).schedule() == {1: 0.15, 12: 0.0}
+    for name in ("nb1 question", "nb1 lexical+question 8%", "nb1 lexical named"):
+        with pytest.raises(SystemExit, match="one-pass method at a fixed ratio"):
+            restart_depth.through(select_eval.METHODS[name][0], 12)
+    with pytest.raises(SystemExit, match="after the check layers"):
+        restart_depth.through(deviation, 1)
+
+
 @quick("key_temperature.py")
 def test_key_temperature_quick(quick_run):
     data = quick_run.data
@@ -249,6 +263,22 @@ def test_key_temperature_quick(quick_run):
     assert set(methods) == {"full prefill", "nb1 reuse", "nb1 reuse t0.9"}
     assert methods["nb1 reuse t0.9"]["share"] == methods["nb1 reuse"]["share"]  # the same rows recomputed
     assert methods["nb1 reuse t0.9"]["kl"] != methods["nb1 reuse"]["kl"]  # the temperature reached the blend
+
+
+@quick("restart_depth.py")
+def test_restart_depth_quick(quick_run):
+    """Restarting every chunk but the named one at the last layer adds row-layers to the question
+    selector's blend; deviation's selected rows (checked at layer 0) recomputed through layer 0 only
+    (``through@1``) cost fewer row-layers than through every layer, keep only the uncached rows to
+    the last layer, and are another blend."""
+    methods = quick_run.data["methods"]
+    assert set(methods) == {"full prefill", "nb1 question", "nb1 question + restart others@-1", "nb1 deviation at0",
+                            "nb1 deviation at0 through@1"}
+    assert methods["nb1 question + restart others@-1"]["row_layers"] > methods["nb1 question"]["row_layers"]
+    base, through = methods["nb1 deviation at0"], methods["nb1 deviation at0 through@1"]
+    assert through["row_layers"] < base["row_layers"] - 0.05
+    assert through["share"] < base["share"] - 0.05  # the rows computed through the last layer: the uncached ones
+    assert through["kl"] != base["kl"]
 
 
 @quick("named_after.py")
