@@ -205,15 +205,14 @@ def register(names: list[str]) -> None:
     select_eval's, wraps every other method's selector to count its row-layers, and installs the hooks."""
     for name in names:
         base, _, depth = name.partition(" through@")
+        if not depth:
+            base, _, spec = name.partition(" + restart ")
+        if base not in select_eval.METHODS:
+            raise SystemExit(f"unknown base method {base!r}")
         if depth:
-            if base not in select_eval.METHODS:
-                raise SystemExit(f"unknown base method {base!r}")
             config = through(select_eval.METHODS[base][0], int(depth))
             select_eval.METHODS[name] = (config, Restarting(name, make_selector(config)))
             continue
-        base, _, spec = name.partition(" + restart ")
-        if base not in select_eval.METHODS:
-            raise SystemExit(f"unknown base method {base!r}")
         config, sel = select_eval.METHODS[base]
         inner = sel if sel is not None else make_selector(config)
         where, layer = (spec.split("@") + [None])[:2] if spec else (None, None)
